@@ -43,6 +43,48 @@ def test_npz_batches_limit_and_shuffle(tmp_path):
     assert sorted(map(tuple, shuffled)) == sorted(map(tuple, arr["input_ids"]))
 
 
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "compressed"])
+def test_an_npz_is_read_only_for_the_samples_used(tmp_path, monkeypatch, save):
+    """Before: every array of a .npz was read whole (and checked) before --samples applied: 64 samples of
+    a 20 GB file read 20 GB. Now a stored member is memory-mapped and a compressed one decompressed only
+    as far as the last sample used; a NaN in a sample never used is never read."""
+    from trtforge.calibration import sources
+
+    monkeypatch.setattr(sources, "ZIP_READ_BYTES", 40)  # (compressed: 2 rows of x at a time)
+    arr = _arrays(50)
+    save(tmp_path / "d.npz", **arr)
+    ds = load_dataset(tmp_path / "d.npz", SPECS, batch_size=4, max_samples=6, shuffle_seed=2)
+    picked = np.random.default_rng(2).permutation(50)[:6]
+    for name in ("x", "input_ids"):
+        np.testing.assert_array_equal(np.concatenate([b[name] for b in ds]), arr[name][picked])
+    arr["x"][40, 0] = np.nan
+    save(tmp_path / "d.npz", **arr)
+    ds = load_dataset(tmp_path / "d.npz", SPECS, batch_size=4, max_samples=6)
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in ds]), arr["x"][:6])
+    if save is np.savez:
+        assert all(isinstance(c["x"].base, np.memmap) or isinstance(c["x"], np.memmap) for c in ds._chunks)
+    with pytest.raises(UserError, match=r"d\.npz': input 'x' contains 1 NaN/inf value\(s\) \(first at index"):
+        load_dataset(tmp_path / "d.npz", SPECS)  # every sample used: every sample read and checked
+
+
+def test_a_directory_is_opened_only_as_far_as_the_samples_used(tmp_path):
+    """Unshuffled, the files after those holding --samples samples are not opened (before: every file was
+    read whole first); shuffled, every file is opened (shapes only) and the samples picked are read."""
+    a, b = _arrays(5), _arrays(7)
+    np.savez(tmp_path / "a.npz", **a)
+    np.savez_compressed(tmp_path / "b.npz", **b)
+    ds = load_dataset(tmp_path, SPECS, batch_size=16, max_samples=9, shuffle_seed=4)
+    both = {k: np.concatenate([a[k], b[k]]) for k in a}
+    picked = np.random.default_rng(4).permutation(12)[:9]
+    got = sorted(map(tuple, np.concatenate([batch["x"] for batch in ds])))
+    assert got == sorted(map(tuple, both["x"][picked]))
+    (tmp_path / "c.npz").write_bytes(b"PK\x03\x04 not a zip")
+    ds = load_dataset(tmp_path, SPECS, batch_size=16, max_samples=12)
+    np.testing.assert_array_equal(np.concatenate([batch["x"] for batch in ds]), both["x"])
+    with pytest.raises(UserError, match=r"c\.npz' is not a readable \.npz file"):
+        load_dataset(tmp_path, SPECS, max_samples=13)
+
+
 def test_directory_of_npz_and_npy_with_different_shapes_never_mixes_a_batch(tmp_path):
     a = _arrays(3)
     b = {"input_ids": np.ones((2, 9), np.int32), "x": np.ones((2, 4), np.float32)}  # int32 -> cast to int64
@@ -93,6 +135,29 @@ def test_module_function_source(tmp_path, monkeypatch):
     ds = load_dataset("calibdata_mod:batches", SPECS, max_samples=4)
     assert ds.num_samples == 4
     sys.modules.pop("calibdata_mod", None)
+
+
+def test_a_stream_is_shuffled_whole_and_a_shuffled_count_of_it_is_refused(tmp_path, monkeypatch):
+    """Before: --shuffle-seed with --samples N read a generator's first N samples (or more: as many as its
+    items held) and only reordered those, unlike a file, where it picks a random N of all of them."""
+    arr = _arrays(6)
+    singles = [{k: v[i] for k, v in arr.items()} for i in range(6)]
+    whole = load_dataset(iter(singles), SPECS, shuffle_seed=3)  # no count: read to its end, all shuffled
+    ids = np.concatenate([b["input_ids"] for b in whole])
+    assert not np.array_equal(ids, arr["input_ids"])
+    assert sorted(map(tuple, ids)) == sorted(map(tuple, arr["input_ids"]))
+    with pytest.raises(UserError, match=r"\(--samples 4\) picks a random 4 of all the samples, but calib"):
+        load_dataset(iter(singles), SPECS, max_samples=4, shuffle_seed=3)
+    (tmp_path / "calibstream_mod.py").write_text(
+        "import numpy as np\n"
+        "def endless():\n"
+        "    while True:\n"
+        "        yield {'input_ids': np.zeros((2, 5), np.int64), 'x': np.zeros((2, 4), np.float32)}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=r"'calibstream_mod:endless' \(a module:function\) is read only"):
+        load_dataset("calibstream_mod:endless", SPECS, max_samples=4, shuffle_seed=0, what="--data")
+    sys.modules.pop("calibstream_mod", None)
 
 
 def test_text_with_demo_tokenizer_pads_per_batch(tmp_path):

@@ -76,8 +76,8 @@ CASES: dict[str, tuple[Setup, str]] = {
     # before: every line was read and calibrated on (a zeroed KV cache per prompt for compile --generate)
     "compile --generate fp8 --calib-data of 1,025 prompts": (
         _file("many.txt", b"1 2 3\n" * 1025, *GENERATE, "--precision", "fp8", "--calib-data", "many.txt"),
-        r"--calib-data 'many\.txt' holds more than 1,024 prompts, the most calibration takes; pass a file "
-        r"of at most 1,024 \(e\.g\. `head -n 1024 many\.txt`",
+        r"--calib-data 'many\.txt' holds more than 1,024 prompts; calibration takes at most 1,024: pass a "
+        r"file of at most that many, e\.g\. `head -n 1024 many\.txt`",
     ),
     "generate --kv-cache-dtype fp8 --calib-data of 1,025 prompts": (
         _file(
@@ -398,7 +398,8 @@ def test_compile_generate_refuses_a_range_tensorrt_cannot_hold(
 
 def test_a_calib_data_file_of_exactly_the_most_prompts_is_read_whole(tmp_path):
     """The bound is on prompts, not lines: 1,024 prompts with blank lines between them are all read."""
-    from trtforge.cli._options import MAX_CALIB_PROMPTS, read_prompt_ids
+    from trtforge.cli._options import read_prompt_ids
+    from trtforge.llm.prompts import MAX_CALIB_PROMPTS
 
     path = tmp_path / "calib.txt"
     path.write_text("".join(f"{i} {i + 1}\n\n" for i in range(MAX_CALIB_PROMPTS)))

@@ -139,6 +139,22 @@ def test_from_pretrained_refuses_options_by_name(options, message) -> None:
         trtforge.llm.from_pretrained(FACTORY, **options)
 
 
+def test_calib_prompts_hold_at_most_what_calib_data_may() -> None:
+    """One limit for the API and the CLI (before: --calib-data stopped at 1,024 prompts while calib_prompts
+    took any number, each a forward pass and, for compile --generate int8/fp8, a zeroed KV cache)."""
+    import trtforge
+    import trtforge.llm
+    from trtforge.llm.prompts import MAX_CALIB_PROMPTS
+
+    many = [[1, 2]] * (MAX_CALIB_PROMPTS + 1)
+    said = r"calib_prompts holds 1,025 prompts; calibration takes at most 1,024: pass calib_prompts\[:1024\]"
+    # (the count is checked first: without the limit each call fails fast on another refusal)
+    with pytest.raises(UserError, match=said):
+        trtforge.llm.from_pretrained(FACTORY, calib_prompts=many)
+    with pytest.raises(UserError, match=said):
+        trtforge.compile(FACTORY, None, generate=True, build=False, precision="fp16", calib_prompts=many)
+
+
 def test_from_pretrained_takes_a_dtype_by_name() -> None:
     import torch
 

@@ -2,10 +2,11 @@
 
 Every source is validated against the model's inputs (names, dtypes, ranks, static dims, emptiness,
 NaN/inf) when it is loaded, before any statistics run, so a bad dataset costs seconds, not a
-calibration. Sources:
+calibration; of array files only the samples used are read, and checked. Sources:
 
 - ``data.npz``: input name -> array with a leading sample axis.
-- a directory of ``.npz`` files (as above) and/or ``<input_name>.npy`` files.
+- a directory of ``.npz`` files (as above) and/or ``<input_name>.npy`` files: the ``.npz`` files in
+  name order, then the ``.npy`` files (for a one-input model each ``.npy`` holds samples, in name order).
 - ``sentences.txt`` (one sentence per line) with a tokenizer (a Hugging Face tokenizer path, or
   ``demo`` for the bundled all-MiniLM-L6-v2 tokenizer); padded per batch, so padding stays minimal.
 - ``package.module:function``: a function returning an iterable of input dicts.
@@ -28,6 +29,7 @@ from trtforge._fileio import check_utf8_path
 from trtforge.calibration.sources import (
     DEMO_TOKENIZER,
     Chunk,
+    Part,
     array_file_kind,
     chunk_len,
     from_iterable,
@@ -36,6 +38,8 @@ from trtforge.calibration.sources import (
     load_function,
     load_npy_file,
     load_npz,
+    part_len,
+    read_selected,
     resolve_tokenizer,
     text_dataset,
     to_numpy,
@@ -69,8 +73,9 @@ def _as_spec(s: TensorSpec | tuple) -> TensorSpec:
 class CalibrationDataset:
     """Validated samples, yielded as batches of feed dicts ``{input_name: np.ndarray}``.
 
-    Array sources keep their arrays (``.npy`` memory-mapped); text sources keep sentences and
-    tokenize one batch at a time. Samples with different trailing shapes never share a batch.
+    Array files are read only for the samples used (``.npy`` and numpy.savez's ``.npz`` memory-mapped);
+    text sources keep sentences and tokenize one batch at a time. Samples with different trailing shapes
+    never share a batch.
     """
 
     def __init__(
@@ -211,6 +216,12 @@ def load_dataset(
     """Load and validate calibration data for a model with inputs `input_specs` (see the module doc).
 
     `what` names the data in messages (the option it came from: --precision-data, --data, ...).
+    Of `.npz`/`.npy` files and directories only the samples used are read (and checked for NaN/inf and
+    cast): shapes and dtypes come from the files' headers, and without `shuffle_seed` a directory's files
+    are opened in order only until they hold `max_samples`.
+    `shuffle_seed` shuffles the samples before `max_samples` takes the first ones: a random subset of a
+    file, directory, text or dict of arrays. A module:function or iterable is read to its end and all of
+    it shuffled; with `max_samples` too it is refused, since it is read only to its first samples.
 
     Raises UserError naming the file/input and what was expected when the data does not fit the model.
     """
@@ -232,21 +243,23 @@ def load_dataset(
     if isinstance(spec, (str, os.PathLike)):
         check_utf8_path(spec, what)
     chunks: list[Chunk] | None = None
+    parts: list[Part] | None = None  # files whose data is read once the samples are picked
     sentences = tokenize = None
     if isinstance(spec, (str, os.PathLike)) and Path(spec).exists():
         path = Path(spec)
         source = str(path)
         kind = array_file_kind(path)
-        if path.is_dir():
-            chunks = load_dir(path, specs)
+        if path.is_dir():  # (unshuffled, only the files that hold the first max_samples are opened)
+            parts = load_dir(path, specs, need=max_samples if shuffle_seed is None else None)
         elif kind == ".npz":
-            chunks = [load_npz(path, specs)]
+            parts = [load_npz(path, specs)]
         elif kind == ".npy":
-            chunks = load_npy_file(path, specs)
+            parts = [load_npy_file(path, specs)]
         else:
             sentences, tokenize = text_dataset(path, specs, tokenizer, max_length)
     elif isinstance(spec, str) and ":" in spec and not spec.endswith((".npz", ".txt", ".npy")):
         source = spec
+        _refuse_shuffling_a_stream(shuffle_seed, max_samples, f"{what} '{spec}' (a module:function)")
         chunks = from_iterable(load_function(spec, what), specs, f"data function '{spec}'", max_samples)
     elif isinstance(spec, (str, os.PathLike)):
         raise UserError(f"{what} '{spec}' does not exist (expected a file, directory or module:function).")
@@ -256,12 +269,16 @@ def load_dataset(
         chunks = [validate_chunk(arrays, specs, "calibration arrays")]
     elif isinstance(spec, Iterable):
         source = type(spec).__name__
+        _refuse_shuffling_a_stream(shuffle_seed, max_samples, f"{what} ({source}, an iterable)")
         chunks = from_iterable(
             guarded(spec, f"calibration data ({source})"), specs, f"calibration data ({source})", max_samples
         )
     else:
         raise UserError(f"unsupported {what} {type(spec).__name__}; see trtforge calibrate --help.")
-    n = sum(chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
+    if parts is not None:
+        n = sum(part_len(p) for p in parts)
+    else:
+        n = sum(chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
     if n == 0:
         raise UserError(f"{what} {source} is empty: it holds no samples.")
     order = np.arange(n)
@@ -274,6 +291,8 @@ def load_dataset(
             f"the model has a static batch size {batch_size} but calibration data {source} has only "
             f"{len(order)} sample(s); provide at least {batch_size}."
         )
+    if parts is not None:  # read the samples picked, and only those
+        chunks, order = read_selected(parts, order, specs)
     return CalibrationDataset(
         specs,
         source=source,
@@ -283,6 +302,23 @@ def load_dataset(
         tokenize=tokenize,
         order=order,
         fixed_batch=fixed_batch,
+    )
+
+
+def _refuse_shuffling_a_stream(shuffle_seed: int | None, max_samples: int | None, where: str) -> None:
+    """UserError when a seed would shuffle a stream that a sample count cuts short: --shuffle-seed with
+    --samples N picks a random N of a file's samples, but a module:function or iterable (possibly endless)
+    is read only to its first N or so (as many as its items hold), so the seed only reordered those, a
+    window that depended on the size of its items. Without a count a stream is read to its end (at most
+    UNBOUNDED_SAMPLE_LIMIT samples) and every sample is shuffled."""
+    if shuffle_seed is None or max_samples is None:
+        return
+    raise UserError(
+        f"the shuffle seed (--shuffle-seed, shuffle_seed) with a sample count (--samples {max_samples}) "
+        f"picks a random {max_samples} of all the samples, but {where} is read only as far as its first "
+        f"{max_samples} (it may never end), so there is nothing to pick from. Shuffle in the source "
+        "itself (a seeded shuffle in the function, a DataLoader's shuffle=True), or drop the seed, or drop "
+        "the count to read the source to its end and shuffle all of it."
     )
 
 

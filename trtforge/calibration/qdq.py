@@ -17,11 +17,10 @@ import numpy as np
 
 from trtforge.calibration.methods import FORMAT_MAX, INT8_MAX, scale_from_amax
 from trtforge.calibration.placement import QuantTarget, constant_values
+from trtforge.core.names import fresh_names, proto_graph_names
 from trtforge.errors import UserError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import onnx
 
 MIN_OPSET = {"int8": 13, "fp8": 19}  # per-axis Q/DQ; FP8 types
@@ -76,7 +75,7 @@ def insert_qdq(
     out.CopyFrom(model)
     g = out.graph
     consts = constant_values(out)
-    fresh = fresh_names(g)
+    fresh = fresh_names(proto_graph_names(g))  # a model's own 'x_scale' or 'h_smoothed' is kept
     index = {n.name: i for i, n in enumerate(g.node)}
     before: dict[int, list[onnx.NodeProto]] = {}
     replaced: dict[tuple[str, int | None], str] = {}
@@ -180,33 +179,3 @@ def _names_read(graph: onnx.GraphProto) -> set[str]:
             for body in (a.g, *a.graphs) if a.HasField("g") else a.graphs:
                 read |= _names_read(body) | {o.name for o in body.output}
     return read
-
-
-def fresh_names(graph: onnx.GraphProto) -> Callable[[str], str]:
-    """A `fresh(base)` giving `base`, or `base_1`, `base_2`, ..., whichever no tensor, initializer or node
-    of `graph` (bodies included) nor an earlier call holds: what calibration names the tensors and nodes
-    it adds, so a model that already has an 'h_smoothed' or 'x_scale' keeps its own."""
-    used = _names_read(graph) | {i.name for i in graph.initializer} | {i.name for i in graph.input}
-    used |= {o.name for o in graph.output} | _names_made(graph)
-
-    def fresh(base: str) -> str:
-        name, k = base, 0
-        while name in used:
-            k += 1
-            name = f"{base}_{k}"
-        used.add(name)
-        return name
-
-    return fresh
-
-
-def _names_made(graph: onnx.GraphProto) -> set[str]:
-    """Node names and node outputs of `graph` and of every body inside it (with the bodies' inputs)."""
-    made: set[str] = set()
-    for n in graph.node:
-        made.add(n.name)
-        made.update(n.output)
-        for a in n.attribute:
-            for body in (a.g, *a.graphs) if a.HasField("g") else a.graphs:
-                made |= _names_made(body) | {i.name for i in body.input} | {t.name for t in body.initializer}
-    return made

@@ -41,12 +41,13 @@ def apply_smoothquant(
     import onnx
     from onnx import helper, numpy_helper
 
-    from trtforge.calibration.qdq import drop_unused_initializers, fresh_names, insert_before
+    from trtforge.calibration.qdq import drop_unused_initializers, insert_before
+    from trtforge.core.names import fresh_names, proto_graph_names
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
-    fresh = fresh_names(g)
+    fresh = fresh_names(proto_graph_names(g))
     consts = constant_values(out)
     index = {n.name: i for i, n in enumerate(g.node)}
     groups = smoothable_groups(targets)

@@ -7,8 +7,11 @@ ranks, static dims, equal sample counts, finiteness) and casts it to the model's
 from __future__ import annotations
 
 import importlib
+import io
 import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,14 @@ def chunk_len(chunk: Chunk) -> int:
 
 def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_extra: bool = False) -> Chunk:
     """Check names, kinds, ranks, static dims, equal sample counts and finiteness; cast to model dtypes."""
+    arrays = {k: np.asarray(v) for k, v in chunk.items()}
+    check_structure(arrays, specs, where, allow_extra=allow_extra)
+    return check_values(arrays, specs, where)
+
+
+def check_structure(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_extra: bool = False) -> None:
+    """Check names, kinds, ranks, static dims and equal sample counts: what each array's shape and dtype
+    say, so a memory-mapped or compressed array is checked without reading its data."""
     expected = {s.name for s in specs}
     missing = sorted(expected - set(chunk))
     extra = sorted(set(chunk) - expected)
@@ -41,11 +52,10 @@ def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_e
             + (f" (unknown {extra})" if extra else "")
             + "."
         )
-    out: Chunk = {}
     n = None
     named: dict[str, tuple[str, int]] = {}  # dynamic dim name -> (first input with it, its size)
     for s in specs:
-        a = np.asarray(chunk[s.name])
+        a = chunk[s.name]
         if not s.shape:
             raise UserError(
                 f"{where}: model input '{s.name}' is a scalar (rank 0), so calibration data for it has no "
@@ -69,7 +79,6 @@ def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_e
                 f"{where}: input '{s.name}' has dtype {a.dtype}; the model expects {s.dtype} "
                 "(integer data for integer inputs, floating data for floating inputs)."
             )
-        check_finite(s.name, a, where, "calibration data")
         if n is None:
             n = a.shape[0]
         elif a.shape[0] != n:
@@ -77,6 +86,15 @@ def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_e
                 f"{where}: inputs have different sample counts ({s.name}: {a.shape[0]}, others: {n}); "
                 "every input array needs the same leading sample axis."
             )
+
+
+def check_values(chunk: Chunk, specs: list[TensorSpec], where: str) -> Chunk:
+    """The model's inputs of a structure-checked `chunk`, NaN/inf refused and cast to the model's dtypes:
+    this reads the data."""
+    out: Chunk = {}
+    for s in specs:
+        a = np.asarray(chunk[s.name])
+        check_finite(s.name, a, where, "calibration data")
         out[s.name] = a if a.dtype == s.np_dtype else _cast(a, s, where)
     return out
 
@@ -138,12 +156,22 @@ def _same_kind(got: np.dtype, want: np.dtype) -> bool:
     return kind(got) == kind(want)
 
 
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _unreadable_npz(where: str, e: BaseException) -> UserError:
+    return UserError(
+        f"{where} is not a readable .npz file ({type(e).__name__}: {e}); expected "
+        "arrays written by numpy.savez, one per input name."
+    )
+
+
 def read_npz(path: Path, where: str | None = None) -> Chunk:
     """Every array of a .npz file, never unpickling; UserError naming `where` (default: the file) for
     any way numpy fails to read it (an empty, truncated or non-zip file, object arrays)."""
     where = where or f"'{path}'"
     try:
-        loaded = np.load(path, allow_pickle=False)
+        loaded = np.load(path, mmap_mode="r", allow_pickle=False)  # (a .npy is not read to be refused)
         if not isinstance(loaded, np.lib.npyio.NpzFile):  # np.load read one .npy array
             raise UserError(
                 f"{where} is a .npy file (one unnamed array {list(loaded.shape)} {loaded.dtype}), not a "
@@ -151,11 +179,8 @@ def read_npz(path: Path, where: str | None = None) -> Chunk:
             )
         with loaded as z:
             return {k: np.asarray(z[k]) for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise UserError(
-            f"{where} is not a readable .npz file ({type(e).__name__}: {e}); expected "
-            "arrays written by numpy.savez, one per input name."
-        ) from e
+    except _READ_ERRORS as e:
+        raise _unreadable_npz(where, e) from e
 
 
 _MAGIC = {b"PK\x03\x04": ".npz", b"PK\x05\x06": ".npz", b"\x93NUMPY": ".npy"}
@@ -177,8 +202,153 @@ def array_file_kind(path: Path) -> str | None:
     return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), None)
 
 
-def load_npz(path: Path, specs: list[TensorSpec]) -> Chunk:
-    return validate_chunk(read_npz(path), specs, f"'{path}'")
+#: a sample source not read yet: (how messages name it, {input name: array whose data is read on demand})
+Part = tuple[str, dict[str, Any]]
+
+
+#: the bytes of a compressed .npz member decompressed at a time while its rows are picked
+ZIP_READ_BYTES = 64 << 20
+
+
+class ZipMember:
+    """One compressed array of a .npz (numpy.savez_compressed), read on demand: :meth:`rows` decompresses
+    the member only as far as the last row asked for and keeps only those rows (numpy.load reads a member
+    whole, so 64 samples of a 20 GB file cost 20 GB)."""
+
+    def __init__(self, path: Path, member: str, shape: tuple[int, ...], dtype: np.dtype, fortran: bool):
+        self.path, self.member, self.shape, self.dtype, self.fortran = path, member, shape, dtype, fortran
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """Rows `rows` (sorted, unique indices on the sample axis)."""
+        with zipfile.ZipFile(self.path) as z, z.open(self.member) as f:
+            if self.fortran:  # (column-major: every row spans the whole member)
+                return np.ascontiguousarray(np.lib.format.read_array(f, allow_pickle=False)[rows])
+            _npy_header(f)
+            tail = self.shape[1:]
+            row_bytes = self.dtype.itemsize * int(np.prod(tail, dtype=np.int64))
+            out = np.empty((len(rows), *tail), self.dtype)
+            if not len(rows) or row_bytes == 0:
+                return out
+            per = max(1, ZIP_READ_BYTES // row_bytes)  # rows decompressed at a time
+            done = kept = 0
+            while done <= rows[-1]:
+                k = min(per, int(rows[-1]) + 1 - done)
+                buf = f.read(k * row_bytes)
+                if len(buf) != k * row_bytes:
+                    raise EOFError(f"member {self.member} ends after {done + len(buf) // row_bytes} rows")
+                block = np.frombuffer(buf, self.dtype).reshape(k, *tail)
+                want = rows[(rows >= done) & (rows < done + k)]
+                out[kept : kept + len(want)] = block[want - done]
+                kept += len(want)
+                done += k
+            return out
+
+
+def _npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of the .npy stream `f`, left at its data."""
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(f)
+    if dtype.hasobject:
+        raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+    return tuple(int(d) for d in shape), bool(fortran), dtype
+
+
+def open_npz(path: Path, where: str | None = None) -> dict[str, Any]:
+    """Every array of a .npz file without reading its data: an array stored as numpy.savez writes it is
+    memory-mapped, a compressed one (savez_compressed) is a :class:`ZipMember`; never unpickling.
+    UserError naming `where` (default: the file) for any way it cannot be read, as :func:`read_npz`."""
+    where = where or f"'{path}'"
+    try:
+        with open(path, "rb") as raw:
+            if raw.read(6) == b"\x93NUMPY":
+                read_npz(path, where)  # (its refusal of a .npy named .npz, with the array's shape)
+        arrays: dict[str, Any] = {}
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                name = info.filename[: -len(".npy")]
+                with z.open(info) as f:
+                    shape, fortran, dtype = _npy_header(f)
+                    header = f.tell()
+                    if info.compress_type != zipfile.ZIP_STORED:
+                        arrays[name] = ZipMember(path, info.filename, shape, dtype, fortran)
+                        continue
+                    if not shape or 0 in shape:  # (a scalar, or nothing to map: read, a few bytes)
+                        arrays[name] = np.lib.format.read_array(io.BytesIO(z.read(info)), allow_pickle=False)
+                        continue
+                raw_offset = _member_data_offset(path, info) + header
+                order = "F" if fortran else "C"
+                arrays[name] = np.memmap(path, dtype, mode="r", offset=raw_offset, shape=shape, order=order)
+        return arrays
+    except _READ_ERRORS as e:
+        raise _unreadable_npz(where, e) from e
+
+
+def _member_data_offset(path: Path, info: zipfile.ZipInfo) -> int:
+    """Where the bytes of the stored zip member `info` start in `path` (past its local file header)."""
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"bad local file header for {info.filename}")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def load_npz(path: Path, specs: list[TensorSpec]) -> Part:
+    """A .npz file's arrays, their shapes and dtypes checked against the model, their data not read yet."""
+    where = f"'{path}'"
+    arrays = open_npz(path)
+    check_structure(arrays, specs, where)
+    return where, arrays
+
+
+def part_len(part: Part) -> int:
+    """Samples in `part` (its arrays' leading axis), read off their shapes."""
+    return int(next(iter(part[1].values())).shape[0])
+
+
+def read_selected(
+    parts: list[Part], order: np.ndarray, specs: list[TensorSpec]
+) -> tuple[list[Chunk], np.ndarray]:
+    """The samples `order` picks (indices into the parts' samples, one part after another), read from
+    their files and checked (NaN/inf, casts) as they are read, and nothing else: the parts a sample count
+    leaves out are not read at all. Returns the chunks read (one per part used, its rows in file order)
+    and `order` as indices into them."""
+    starts = np.concatenate([[0], np.cumsum([part_len(p) for p in parts])])
+    part = np.searchsorted(starts, order, side="right") - 1
+    row = order - starts[part]
+    chunks: list[Chunk] = []
+    new_order = np.empty(len(order), dtype=np.int64)
+    base = 0
+    for p in np.unique(part):
+        used = part == p
+        rows = np.unique(row[used])
+        where, arrays = parts[p]
+        try:
+            chunk = {name: _take_rows(arrays[name], rows) for name in (s.name for s in specs)}
+            chunks.append(check_values(chunk, specs, where))
+        except _READ_ERRORS as e:
+            raise UserError(f"cannot read the samples of {where} ({type(e).__name__}: {e}).") from e
+        new_order[used] = base + np.searchsorted(rows, row[used])
+        base += len(rows)
+    return chunks, new_order
+
+
+def _take_rows(a: Any, rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` (sorted, unique) of a memory-mapped array or :class:`ZipMember`, reading only those: a
+    leading run stays a memory-mapped view, read as it is used."""
+    if isinstance(a, ZipMember):
+        return a.rows(rows)
+    if not len(rows) or rows[-1] == len(rows) - 1:
+        return a[: len(rows)]
+    return np.asarray(a[rows])
 
 
 def _load_npy(path: Path) -> np.ndarray:
@@ -192,22 +362,47 @@ def _load_npy(path: Path) -> np.ndarray:
         ) from e
 
 
-def load_dir(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
+def load_dir(path: Path, specs: list[TensorSpec], need: int | None = None) -> list[Part]:
+    """The .npz files of directory `path` (sorted by name), then its .npy files (sorted; each its own part
+    for a one-input model, else one part of `<input name>.npy` files), their shapes checked and their data
+    not read. With `need`, files are opened in that order only until they hold `need` samples."""
     npz = sorted(path.glob("*.npz"))
     npy = sorted(path.glob("*.npy"))
     if not npz and not npy:
         raise UserError(f"directory '{path}' holds no .npz or .npy files; expected calibration arrays.")
-    chunks = [load_npz(p, specs) for p in npz]
+    parts: list[Part] = []
+    held = 0  # samples in `parts`
+
+    def enough() -> bool:
+        return need is not None and held >= need
+
+    for p in npz:
+        if enough():
+            return parts
+        parts.append(load_npz(p, specs))
+        held += part_len(parts[-1])
     if npy and len(specs) == 1:
         # A one-input model: every .npy holds samples of that input, whatever its name. Each file is its
-        # own chunk (checked and named alone; files of other trailing shapes batch apart, as .npz files
+        # own part (checked and named alone; files of other trailing shapes batch apart, as .npz files
         # do). Before: they were concatenated, and files of another shape or rank were numpy's
         # ValueError, an internal error.
-        chunks += [validate_chunk({specs[0].name: _load_npy(p)}, specs, f"'{p}'") for p in npy]
-    elif npy:
+        for p in npy:
+            if enough():
+                return parts
+            parts.append(_npy_part(p, specs))
+            held += part_len(parts[-1])
+    elif npy and not enough():
         arrays = {p.stem: _load_npy(p) for p in npy}
-        chunks.append(validate_chunk(arrays, specs, f"'{path}' (.npy files {[p.name for p in npy]})"))
-    return chunks
+        where = f"'{path}' (.npy files {[p.name for p in npy]})"
+        check_structure(arrays, specs, where)
+        parts.append((where, arrays))
+    return parts
+
+
+def _npy_part(path: Path, specs: list[TensorSpec]) -> Part:
+    where, arrays = f"'{path}'", {specs[0].name: _load_npy(path)}
+    check_structure(arrays, specs, where)
+    return where, arrays
 
 
 def _read_sentences(path: Path, head: bytes, rest: bytes) -> list[str]:
@@ -443,10 +638,10 @@ def guarded(items: Iterable[Any], what: str) -> Iterator[Any]:
         yield item
 
 
-def load_npy_file(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
+def load_npy_file(path: Path, specs: list[TensorSpec]) -> Part:
     if len(specs) != 1:
         raise UserError(
             f"'{path}' is a single .npy array but the model has {len(specs)} inputs "
             f"({[s.name for s in specs]}); use a .npz with one array per input name."
         )
-    return [validate_chunk({specs[0].name: _load_npy(path)}, specs, f"'{path}'")]
+    return _npy_part(path, specs)

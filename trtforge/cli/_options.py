@@ -121,21 +121,17 @@ def given_flags(ctx: click.Context, names: Iterable[str]) -> list[str]:
     ]
 
 
-#: the most prompts a --calib-data file may hold: calibration reads each scale's range off a few hundred
-#: (int4-awq uses at most its first 16,384 tokens anyway), while each prompt costs a forward pass and,
-#: for `compile --generate --precision int8/fp8`, a zeroed KV cache of the step graph's (MBs to GBs)
-MAX_CALIB_PROMPTS = 1024
-
-
 def read_prompt_ids(path: str) -> list[list[int]]:
     """A --calib-data prompt file (`compile --generate`, `generate`, `serve`): one prompt per line,
     space-separated token ids. A file that holds no prompt is refused: calibrating on nothing would
     silently fall back to random tokens (fp8) or to no calibration at all. So is one of more than
-    :data:`MAX_CALIB_PROMPTS` prompts, as soon as its line past them is read (not after reading a
-    dataset of millions into memory): the user picks which to calibrate on."""
+    :data:`trtforge.llm.prompts.MAX_CALIB_PROMPTS` prompts (the API's calib_prompts limit too), as soon
+    as its line past them is read (not after reading a dataset of millions into memory): the user picks
+    which to calibrate on."""
     from pathlib import Path
 
     from trtforge.errors import UserError
+    from trtforge.llm.prompts import MAX_CALIB_PROMPTS, too_many_prompts
 
     expected = "expected a text file with one prompt per line as space-separated token ids"
     if not str(path):
@@ -148,10 +144,10 @@ def read_prompt_ids(path: str) -> list[list[int]]:
                 if not line.strip():
                     continue
                 if len(prompts) == MAX_CALIB_PROMPTS:
-                    raise UserError(
-                        f"--calib-data '{path}' holds more than {MAX_CALIB_PROMPTS:,} prompts, the most "
-                        f"calibration takes; pass a file of at most {MAX_CALIB_PROMPTS:,} (e.g. `head -n "
-                        f"{MAX_CALIB_PROMPTS} {path}`: a few hundred varied prompts calibrate as well)."
+                    raise too_many_prompts(
+                        f"--calib-data '{path}'",
+                        None,
+                        f"pass a file of at most that many, e.g. `head -n {MAX_CALIB_PROMPTS} {path}`",
                     )
                 prompts.append([int(t) for t in line.split()])
     except (OSError, ValueError) as e:

@@ -42,7 +42,14 @@ Examples:
     show_default=True,
     help="Samples per ONNX Runtime run while collecting statistics (memory against speed).",
 )
-@click.option("--shuffle-seed", type=int, default=None, help="Shuffle samples with this seed first.")
+@click.option(
+    "--shuffle-seed",
+    type=int,
+    default=None,
+    help="Shuffle the samples with this seed, then take --samples: a random subset of a file or directory. "
+    "A module:function is read to its end and all of it shuffled; with --samples it is refused, since it is "
+    "read only to its first N samples (it may never end): shuffle in the function instead.",
+)
 @click.option("--op-types", default="MatMul,Gemm,Conv", show_default=True, help="Op types to quantize.")
 @click.option("--exclude", "exclude", multiple=True, help="Node name to keep in float (repeatable).")
 @click.option(

@@ -15,12 +15,11 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from trtforge.errors import SHOWN_CHARS, UserError, checked_call, shown
 from trtforge.llm import sizing
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
 from trtforge.llm.executors.base import PoolAllocationError, StepExecutor
+from trtforge.llm.prompts import check_calib_prompts
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import MemoryStats
 from trtforge.llm.sched.scheduler import SchedulerConfig, SchedulerStats
@@ -606,7 +605,7 @@ def check_torch_options(
             f"{shown(tensor_parallel_size)}."
         )
     check_device(device)
-    _check_prompts(calib_prompts, "calib_prompts")
+    check_calib_prompts(calib_prompts)
     return _torch_dtype(dtype)
 
 
@@ -652,25 +651,6 @@ def _torch_dtype(dtype: Any) -> Any:
             f"or its name, got {shown(dtype)}."
         )
     return value
-
-
-def _check_prompts(prompts: Any, what: str) -> None:
-    """UserError unless `prompts` is None or a list of lists of integer token ids (the vocabulary is
-    checked where the model's is known)."""
-    if prompts is None:
-        return
-    expected = "expected None or a list of prompts, each a list of integer token ids"
-    if hasattr(prompts, "tolist"):
-        prompts = prompts.tolist()
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-        raise UserError(f"{what} must be a list of token-id lists, got {type(prompts).__name__}; {expected}.")
-    for i, row in enumerate(prompts):
-        row = row.tolist() if hasattr(row, "tolist") else row
-        if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
-            raise UserError(f"{what}[{i}] must be a list of token ids, got {type(row).__name__}; {expected}.")
-        bad = next((t for t in row if not isinstance(t, (int, np.integer)) or isinstance(t, bool)), None)
-        if bad is not None:
-            raise UserError(f"{what}[{i}] holds {type(bad).__name__} {shown(bad)}; {expected}.")
 
 
 # how a refusal of the draft model starts (a command words it as its flag, --speculative-model)

@@ -20,6 +20,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript import optimizer
 
+from trtforge.core.names import fresh_name
 from trtforge.passes._base import PassContext, PassOutcome, PassSpec
 
 _QUIETED_LOGS = ("onnxscript.optimizer._constant_folding", "onnx_ir.passes.common.initializer_deduplication")
@@ -138,7 +139,7 @@ def _restore_output_names(graph: ir.Graph, names: list[str]) -> None:
             value = out
         if name in taken and value.name != name:  # an internal value holds the name: move it aside
             holder = next(o for node in graph for o in node.outputs if o.name == name)
-            holder.name = _fresh(f"{name}_inner", taken)
+            holder.name = fresh_name(f"{name}_inner", taken)
         taken.discard(value.name)
         value.name = name
         taken.add(name)
@@ -155,14 +156,6 @@ def _subgraphs(graph: ir.Graph) -> list[ir.Graph]:
             elif attr.type == ir.AttributeType.GRAPHS:
                 found.extend(attr.value)
     return found
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    k = 0
-    while f"{base}{k}" in taken:
-        k += 1
-    taken.add(f"{base}{k}")
-    return f"{base}{k}"
 
 
 def _count(model: ir.Model) -> int:

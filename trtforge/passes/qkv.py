@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from trtforge.core.names import fresh_name, ir_graph_names
 from trtforge.passes._base import PassContext, PassOutcome, PassSpec
 
 
@@ -94,7 +95,9 @@ def merge_projections(
         finals = [b[0].outputs[0] if b[0] is not None else f for b, f in zip(biases, finals)]
     if _is_graph_output(graph, finals):
         return None
-    stem = _unused_stem(graph, stem)
+    # a model that already holds a 'trtforge_qkv_0_weight' (one optimized before) made register_initializer
+    # raise, or a second definition of that name: the stem begins no name in the graph
+    stem = fresh_name(stem, ir_graph_names(graph), stem=True)
     w_value = ir.Value(name=f"{stem}_weight", const_value=ir.tensor(np.concatenate([w for _, w in group], 1)))
     graph.register_initializer(w_value)
     matmul = ir.node("MatMul", [x, w_value], name=f"{stem}_matmul")
@@ -124,21 +127,6 @@ def merge_projections(
     dead = [b[0] for b in biases if b[0] is not None] if use_bias else []
     graph.remove([*dead, *nodes], safe=True)
     return list(split.outputs)
-
-
-def _unused_stem(graph: ir.Graph, stem: str) -> str:
-    """`stem`, or `stem_1`, `stem_2`, ...: the first that begins no name in `graph` (a model that already
-    holds a 'trtforge_qkv_0_weight', one optimized before, made register_initializer raise or a second
-    definition of that name)."""
-    names = set(graph.initializers) | {v.name for v in graph.inputs}
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        names.add(node.name)
-        names.update(o.name for o in node.outputs)
-    base, k = stem, 0
-    while any(n and n.startswith(f"{stem}_") for n in names):
-        k += 1
-        stem = f"{base}_{k}"
-    return stem
 
 
 def _position(graph: ir.Graph):

@@ -181,6 +181,7 @@ def compile_generate(
     Returns a CompileResult. Everything is written atomically; nothing is left behind on failure.
     """
     from trtforge.compiler.session import CompileSession, source_files
+    from trtforge.llm.prompts import check_calib_prompts
 
     log = log or (lambda _m: None)
     if isinstance(precision, str):
@@ -196,6 +197,7 @@ def compile_generate(
             "engine from Python: trtforge.compile(model, None, generate=True, build=False, "
             "save_onnx='step.onnx', precision='fp32')."
         )
+    check_calib_prompts(calib_prompts)
     if precision == "int8" and not calib_prompts:
         raise UserError(
             "--generate --precision int8 needs calibration prompts: --calib-data FILE (token ids, one prompt "

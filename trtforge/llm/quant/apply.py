@@ -33,6 +33,7 @@ from trtforge.errors import UserError
 from trtforge.kernels.qweight import INT4_GROUP, QuantWeight, quantize_fp8, quantize_int4
 from trtforge.llm.models.families import LlamaStyle, adapter_for
 from trtforge.llm.models.moe import refuse_moe
+from trtforge.llm.prompts import check_calib_prompts
 from trtforge.llm.quant.awq import search_clip, search_scales
 from trtforge.llm.quant.linear import QuantLinear
 
@@ -291,6 +292,7 @@ def _calibration(
             "calib_prompts=[[token ids], ...] (CLI: --calib-data FILE, one prompt per line as "
             "space-separated token ids)."
         )
+    check_calib_prompts(prompts)
     out, total = [], 0
     for b, p in enumerate(prompts):
         ids = [int(t) for t in p][:max_len]

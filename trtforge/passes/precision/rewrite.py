@@ -14,6 +14,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common
 
+from trtforge.core.names import fresh_name
 from trtforge.passes.precision.observe import SENTINEL
 from trtforge.passes.precision.rules import ANY_TYPE_INPUTS, FLOAT, Decision, is_float
 
@@ -72,13 +73,6 @@ class Rewriter:
         self._names = {v.name for n in graph for v in n.outputs} | {v.name for v in graph.inputs}
         self._names |= set(graph.initializers)
 
-    def _unique(self, base: str) -> str:
-        name, k = base, 1
-        while name in self._names:
-            name, k = f"{base}_{k}", k + 1
-        self._names.add(name)
-        return name
-
     def apply(self, decisions: dict[ir.Node, Decision], keep_io_types: bool) -> RewriteStats:
         low = self.low
         dtype_now: dict[ir.Value, ir.DataType] = {}
@@ -112,7 +106,7 @@ class Rewriter:
             return self._converted[key]
         if v.const_value is not None and not v.is_graph_input() and dtype == self.low:
             array, saturated = to_low_array(v.const_value.numpy().astype(np.float32), self.low)
-            name = self._unique(f"{v.name}__{_SUFFIX[dtype]}")
+            name = fresh_name(f"{v.name}__{_SUFFIX[dtype]}", self._names)
             new = ir.Value(name=name, type=ir.TensorType(dtype), shape=v.shape, const_value=ir.tensor(array))
             new.const_value.name = name
             self.graph.register_initializer(new)
@@ -126,9 +120,13 @@ class Rewriter:
 
     def _cast(self, v: ir.Value, dtype: ir.DataType) -> ir.Value:
         out = ir.Value(
-            name=self._unique(f"{v.name}__{_SUFFIX[dtype]}"), type=ir.TensorType(dtype), shape=v.shape
+            name=fresh_name(f"{v.name}__{_SUFFIX[dtype]}", self._names),
+            type=ir.TensorType(dtype),
+            shape=v.shape,
         )
-        node = ir.node("Cast", [v], {"to": dtype}, outputs=[out], name=self._unique(f"{v.name}__cast"))
+        node = ir.node(
+            "Cast", [v], {"to": dtype}, outputs=[out], name=fresh_name(f"{v.name}__cast", self._names)
+        )
         self.graph.append(node)
         self.stats.casts_inserted += 1
         return out
@@ -164,7 +162,7 @@ class Rewriter:
             if v.dtype != self.low or v.is_graph_input():
                 continue
             original = v.name
-            v.name = self._unique(f"{original}__{_SUFFIX[self.low]}")
+            v.name = fresh_name(f"{original}__{_SUFFIX[self.low]}", self._names)
             out = ir.Value(name=original, type=ir.TensorType(FLOAT), shape=v.shape)
             self.graph.append(ir.node("Cast", [v], {"to": FLOAT}, outputs=[out], name=f"{original}__cast"))
             self.graph.outputs[idx] = out
