@@ -324,6 +324,33 @@ def test_repeated_tolerances_for_one_output_add_up(tmp_path, models, capsys):
     assert (tol["atol"], tol["rtol"], tol["min_cosine"]) == (0.5, 0.0, 0.9)
 
 
+def test_onnx_targets_whose_paths_hold_commas(tmp_path, models, capsys):
+    """Before: --targets was split at every comma, so onnx=runs,v2/b, final.onnx became the targets
+    'onnx=runs' (no such file: exit 2), 'v2/b' and ' final.onnx'. A comma now separates targets only
+    where a target name follows it; an onnx=PATH given alone is taken whole."""
+    from trtforge.reports.targets import split_targets
+
+    assert [n.strip() for n in split_targets(["ort, trt", "onnx=x.onnx,ort-fp16", "ort,,trt"])] == [
+        *("ort", "trt", "onnx=x.onnx", "ort-fp16", "ort", "trt")
+    ]
+    a, b = models
+    (tmp_path / "runs,v2").mkdir()
+    c = tmp_path / "runs,v2" / "b, final.onnx"
+    c.write_bytes(b.read_bytes())
+    out = tmp_path / "o"
+    argv = ["report", str(a), "-o", str(out), "--targets", f"ort,onnx={c},ort-fp16", "--no-check", *FAST]
+    rc, text = _run(argv, capsys)
+    assert rc == 0, text
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["settings"]["targets"] == ["ort", f"onnx={c}", "ort-fp16"]
+    d = tmp_path / "m,ort-fp16"  # what follows its comma is a target name: taken whole when given alone
+    d.write_bytes(b.read_bytes())
+    argv = ["report", str(a), "-o", str(out), "--targets", "ort", "--targets", f"onnx={d}", "--no-check"]
+    rc, text = _run([*argv, *FAST], capsys)
+    assert rc == 0, text
+    assert json.loads((out / "report.json").read_text())["settings"]["targets"] == ["ort", f"onnx={d}"]
+
+
 def test_calibration_data_that_does_not_fit_is_bad_input(tmp_path, models, capsys):
     """Before: --calibration-data of the wrong width failed only the ort-int8 row: a report was written and
     the exit code was 3 (a failed check), not 2 (bad input)."""
