@@ -144,6 +144,32 @@ def test_bad_arguments_fail_without_leaving_a_report_directory(tmp_path, model_a
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("reference", ["ort", "onnx", "torch"])
+def test_a_tolerance_for_an_unknown_output_is_refused_before_any_target_is_prepared(
+    tmp_path, model_a, monkeypatch, reference
+):
+    """Before: the key was checked against the reference's outputs once every target had been prepared
+    and run (INT8 calibration, engine builds and the latency sweep: minutes), then refused."""
+    from tests.reports._tiny import mlp_factory
+    from trtforge.reports.targets import Preparer
+
+    prepared: list[str] = []
+    real = Preparer.prepare
+    monkeypatch.setattr(Preparer, "prepare", lambda self, name: prepared.append(name) or real(self, name))
+    source, targets, ref, output = {
+        "ort": (str(model_a), ["ort", "ort-fp16"], "ort", "logits"),
+        "onnx": (str(model_a), ["ort", f"onnx={model_a}"], f"onnx={model_a}", "logits"),
+        "torch": (mlp_factory(), ["torch", "ort"], "torch", "output_0"),  # (named by the export)
+    }[reference]
+    kw = {**FAST, "targets": targets, "reference": ref, "out_dir": tmp_path / "o"}
+    for key, message in (("logit", "has no output 'logit'"), ("ort-fp8/", "no target 'ort-fp8'")):
+        with pytest.raises(UserError, match=message):
+            build_report(source, tolerances={key: {}}, **kw)
+    assert prepared == [] and not (tmp_path / "o").exists()
+    r = build_report(source, tolerances={output: {}}, **kw)
+    assert prepared == targets and r.report.accuracy[0].output == output
+
+
 @pytest.mark.parametrize("text", ["y:atol=nan", "y:rtol=-1", ":cosine=2", "y:top1=1.5", "y:snr=nan"])
 def test_tolerance_values_outside_their_range_are_refused(text):
     from trtforge.reports.compare import parse_tolerance

@@ -26,8 +26,10 @@ from trtforge.reports.inputs import Feed, ReportInput, fit_sizes, generate_feed,
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
 from trtforge.reports.results import FAILED, OK, AccuracyRow, LatencyPoint, Report, TargetRun
 from trtforge.reports.targets import (
+    EXTERNAL,
     INT8_TARGETS,
     NOTHING_TO_QUANTIZE,
+    TRT_TARGETS,
     Preparer,
     Source,
     Target,
@@ -344,6 +346,9 @@ def build_report(
                 feed_shapes=lambda specs: _feed_shapes(specs, acc_batch, acc_seq),
             )
             base_specs = prep.base_specs()
+            outputs = _reference_outputs(prep, reference)
+            if outputs is not None:  # before any target is prepared or run (calibration, builds: minutes)
+                _check_tolerance_keys(tolerances, names, outputs)
             acc_batch, acc_seq, sweep_seqs = max(batch_sizes), int(seq_lens[0]), list(seq_lens)
             if base_specs:
                 acc_batch, acc_seq, sweep_seqs, fit_notes = fit_sizes(base_specs, batch_sizes, seq_lens)
@@ -372,8 +377,10 @@ def build_report(
                 latency.extend(lat)
                 bar.step(f"ran {n}", advance=1)
     ref_run = runs_by_name[reference]
-    if ref_run.outputs:
-        _check_tolerance_keys(tolerances, names, list(ref_run.outputs[0]))
+    if outputs is None and ref_run.outputs:  # (not known before it ran)
+        outputs = list(ref_run.outputs[0])
+    if outputs is not None:  # again: the INT8 targets may have left the default targets since
+        _check_tolerance_keys(tolerances, names, outputs)
     accuracy: list[AccuracyRow] = []
     for n in names:
         if n != reference:
@@ -479,6 +486,17 @@ def _check_tolerance_keys(
             )
         output = key if target is None else key[len(target) + 1 :]
         raise UserError(f"--tolerance '{key}': the model has no output '{output}' (outputs: {outputs}).")
+
+
+def _reference_outputs(prep: Preparer, reference: str) -> list[str] | None:
+    """The output names the reference target will return, read before anything runs: its own graph for
+    an onnx=PATH, an engine source's manifest for trt, else the exported (or given) graph, whose names
+    every derived graph, engine and the torch runner keep. None where that graph is not available."""
+    src = prep.source
+    if src.kind == "engine" and reference in TRT_TARGETS:
+        return [t.name for t in src.manifest.outputs]
+    g = prep.graph(reference if reference.startswith(EXTERNAL) else "ort")
+    return None if g.error is not None else [o.name for o in g.proto.graph.output]
 
 
 def _check_data_path(value: Any, option: str) -> None:
