@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -168,6 +169,28 @@ def test_a_tolerance_for_an_unknown_output_is_refused_before_any_target_is_prepa
     assert prepared == [] and not (tmp_path / "o").exists()
     r = build_report(source, tolerances={output: {}}, **kw)
     assert prepared == targets and r.report.accuracy[0].output == output
+
+
+def test_a_tokenizer_nothing_reads_is_refused(tmp_path, model_a):
+    """Before: a tokenizer given where no text file of sentences was (arrays, or generated inputs) was
+    dropped without a word: the report measured other inputs than the sentences meant."""
+    from trtforge.reports.api import _check_tokenizer_read
+
+    inputs_npz(tmp_path / "x.npz")
+    (tmp_path / "s.txt").write_text("a sentence\n")
+    npz, text = str(tmp_path / "x.npz"), str(tmp_path / "s.txt")
+    for data, calibration in ((text, None), (npz, text), (None, text)):
+        _check_tokenizer_read("demo", data, calibration)  # read: no error
+    _check_tokenizer_read(None, npz, None)
+    with pytest.raises(
+        UserError, match=r"and no --data or --calibration-data is given \(inputs are generated"
+    ):
+        build_report(str(model_a), targets=["ort"], tokenizer="demo", out_dir=tmp_path / "o", **FAST)
+    with pytest.raises(
+        UserError, match=rf"and --data '{re.escape(npz)}' is not one \(arrays or module:function\)"
+    ):
+        build_report(str(model_a), targets=["ort"], data=npz, tokenizer="t", out_dir=tmp_path / "o", **FAST)
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("text", ["y:atol=nan", "y:rtol=-1", ":cosine=2", "y:top1=1.5", "y:snr=nan"])

@@ -57,6 +57,7 @@ def test_check_exits_3_when_an_output_fails(tmp_path, models, capsys):
         (["--targets", "onnx=/does/not/exist.onnx"], "does not exist"),
         (["--output-name", "y"], "--output-name only applies to a torch module source"),
         (["--int8-rest", "fp64"], "Invalid value for '--int8-rest'"),
+        (["--tokenizer", "demo"], "--tokenizer (tokenizer=) 'demo' would not be used: it only tokenizes"),
     ],
 )
 def test_bad_options_exit_2(tmp_path, models, capsys, extra, message):

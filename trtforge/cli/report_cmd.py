@@ -56,7 +56,8 @@ the reason.
 --data: .npz (input name -> array, leading sample axis), a directory of .npz/.npy,
 a text file of sentences (with --tokenizer), or module:function; default:
 inputs generated from the model's input specs (token ids within the vocabulary,
-0/1 attention masks).
+0/1 attention masks). A --tokenizer without a text --data or --calibration-data
+would tokenize nothing: it is refused (exit 2).
 --tolerance [TARGET/]OUTPUT:atol=..,rtol=..,cosine=..,snr=..,top1=.. (an empty
 OUTPUT means every output; 'none' disables a check). Repeatable.
 Writes OUT/report.html (tables and plots), OUT/report.md and OUT/report.json

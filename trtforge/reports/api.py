@@ -325,6 +325,7 @@ def build_report(
     check_out_dir(out_dir)
     _check_data_path(data, "--data")
     _check_data_path(calibration_data, "--calibration-data")
+    _check_tokenizer_read(tokenizer, data, calibration_data)
     if calibration_data is not None and not set(names) & set(INT8_TARGETS):
         raise UserError(
             f"--calibration-data feeds only the INT8 targets ({', '.join(INT8_TARGETS)}), and none of this "
@@ -509,6 +510,41 @@ def _check_data_path(value: Any, option: str) -> None:
     raise UserError(
         f"{option} '{show_path(value)}' does not exist; expected an .npz file, a directory of .npz/.npy "
         "files, a text file (with --tokenizer) or module:function."
+    )
+
+
+def _is_text_file(value: Any) -> bool:
+    """Whether data `value` is read as a text file of sentences (a file, or a pipe, holding no arrays)."""
+    if not isinstance(value, (str, os.PathLike)) or not Path(value).exists() or Path(value).is_dir():
+        return False
+    from trtforge.calibration.sources import array_file_kind
+
+    return array_file_kind(Path(value)) is None
+
+
+def _check_tokenizer_read(tokenizer: Any, data: Any, calibration_data: Any) -> None:
+    """A tokenizer only tokenizes a text file of sentences given as --data or --calibration-data; one
+    given where neither is such a file was dropped without a word (the inputs came from arrays, or were
+    generated), so a report meant to measure the user's sentences measured other inputs. Refused."""
+    if tokenizer is None or _is_text_file(data) or _is_text_file(calibration_data):
+        return
+    given = []
+    for option, value in (("--data", data), ("--calibration-data", calibration_data)):
+        if isinstance(value, (str, os.PathLike)):
+            given.append(f"{option} '{show_path(value)}'")
+        elif value is not None:
+            given.append(f"{option} ({_describe(value)})")
+    where = (
+        f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} not one (arrays or module:function)"
+        if given
+        else "no --data or --calibration-data is given (inputs are generated from the model's input specs)"
+    )
+    name = type(tokenizer).__name__
+    if isinstance(tokenizer, (str, os.PathLike)):
+        name = shown(os.fspath(tokenizer))
+    raise UserError(
+        f"--tokenizer (tokenizer=) {name} would not be used: it only tokenizes a text file of sentences "
+        f"given as --data or --calibration-data, and {where}. Drop --tokenizer, or give the sentences file."
     )
 
 
