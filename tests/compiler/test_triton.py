@@ -60,6 +60,9 @@ def test_default_repository(bert_engine: Path, tmp_path: Path, capsys) -> None:
     assert [list(g.profile) for g in cfg.instance_group] == [["0"]]
     assert cfg.dynamic_batching.max_queue_delay_microseconds == 0
     assert "validated" in capsys.readouterr().out
+    mask = os.umask(0)
+    os.umask(mask)  # (before: 0700, the staging directory's mode from mkdtemp: unreadable to a Triton user)
+    assert (repo / "bert").stat().st_mode & 0o777 == 0o777 & ~mask
 
 
 def test_instances_get_distinct_profiles(bert_engine: Path, tmp_path: Path) -> None:
