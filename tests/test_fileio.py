@@ -223,3 +223,40 @@ def test_staged_directory_killed_between_its_renames_is_repaired(tmp_path):
     with staged_directory(path) as d:
         (d / "b").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"] and [p.name for p in path.iterdir()] == ["b"]
+
+
+@pytest.mark.parametrize("old_kind", ["directory", "file", "link"])
+def test_a_signal_during_the_staged_swap_waits_for_the_old_ones_removal(
+    tmp_path, monkeypatch, sigint_raises, old_kind
+):
+    """Before: the old directory was removed after the deferred-signal block, so an interrupt that came
+    as it was moved aside was raised before its removal and left it beside `path`; an old file or link
+    was never removed (rmtree refuses them, quietly). Now the swap and the removal both wait for it."""
+    import signal
+
+    from trtforge import _fileio
+    from trtforge._fileio import staged_directory, temp_name
+
+    path = tmp_path / "rep"
+    if old_kind == "directory":
+        path.mkdir()
+        (path / "a").write_text("old")
+    elif old_kind == "file":
+        path.write_text("old")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        path.symlink_to(tmp_path / "elsewhere")
+    real = os.rename
+
+    def rename_then_interrupt(src, dst):
+        real(src, dst)
+        if Path(dst) == temp_name(path, "old"):
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(_fileio.os, "rename", rename_then_interrupt)
+    with pytest.raises(KeyboardInterrupt), staged_directory(path) as d:
+        (d / "b").write_text("new")
+    monkeypatch.undo()
+    kept = ["elsewhere"] if old_kind == "link" else []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["rep", *kept])
+    assert not path.is_symlink() and [p.name for p in path.iterdir()] == ["b"]

@@ -361,17 +361,27 @@ def remove_tree(path: Path) -> Callable[[], None]:
     return lambda: shutil.rmtree(path, ignore_errors=True)
 
 
-def recover_staged_directory(path: Path) -> None:
+def _remove(path: Path) -> None:
+    """Remove `path`, a directory tree (what of it can be) or a file or link (which rmtree refuses)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def recover_staged_directory(path: str | os.PathLike[str]) -> None:
     """Repair what a run killed (SIGKILL) inside :func:`staged_directory` left beside `path`: its old
     directory is put back when `path` is missing (the kill came between the two renames), else removed;
-    a half-written new directory is removed."""
+    a half-written new directory is removed. Call it before looking at `path` (whether it exists)."""
+    path = Path(path)
     new, old = temp_name(path, "new"), temp_name(path, "old")
     with signals_deferred():
-        if old.is_dir():
+        if os.path.lexists(old):
             if not os.path.lexists(path):
                 os.rename(old, path)
             else:
-                shutil.rmtree(old)
+                _remove(old)
         if new.is_dir():
             shutil.rmtree(new)
 
@@ -380,10 +390,12 @@ def recover_staged_directory(path: Path) -> None:
 def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A new, empty directory beside `path` (in its parent, which must exist) to write the whole of
     `path`'s new contents into. When the block succeeds it takes `path`'s place: the old directory is
-    renamed aside, the new one onto `path`, SIGINT/SIGTERM held back for the two renames, then the old
-    one is removed. When the block fails the new one is removed and `path` is as it was. So `path` holds
-    the old contents or the new ones, never a mix, and nothing of the old survives the new. Write into
-    the new directory with plain file writes (not atomic_open, whose renames an enclosing
+    renamed aside, the new one onto `path`, and the old one removed, SIGINT/SIGTERM held back for all
+    three (an interrupt after the first rename waits: it left the old contents beside `path`). When the
+    block fails the new one is removed and `path` is as it was. So `path` holds the old contents or the
+    new ones, never a mix, and nothing of the old survives the new; what a SIGKILL leaves beside `path`
+    the next call (or :func:`recover_staged_directory`) repairs. Write into the new directory with
+    :func:`write_synced` or plain file writes (not atomic_open, whose renames an enclosing
     :func:`atomic_outputs` block would defer past the swap)."""
     p = Path(path)
     new, old = temp_name(p, "new"), temp_name(p, "old")
@@ -411,6 +423,8 @@ def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
                     os.rename(old, p)
                 raise
             made = False
+            if had_old:  # (a SIGKILL during it leaves the rest to the next call's recovery)
+                _remove(old)
         fsync_dir(p.parent if str(p.parent) else Path("."))
     except BaseException as e:
         if made:
@@ -418,7 +432,15 @@ def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         if isinstance(e, OSError) and e.errno in USER_ERRNOS:
             raise os_error(e, p) from e
         raise
-    shutil.rmtree(old, ignore_errors=True)  # the old contents, already out of place
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write `data` to a new file `path` and fsync it (a file of a :func:`staged_directory`, whose rename
+    into place must not come before its contents reach the disk)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _umask() -> int:

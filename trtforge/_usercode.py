@@ -96,6 +96,26 @@ def user_frame(e: BaseException) -> str | None:
     return last
 
 
+def raised_by_trtforge(e: BaseException) -> bool:
+    """Whether `e`, or an exception it was raised from or while handling, was raised by trtforge's own
+    code by mistake: the innermost frame of its traceback is trtforge's, and it is none of trtforge's
+    deliberate errors. (A library that refuses the user's model raises in the library's frames, or
+    in the user's code it runs.)"""
+    package = os.path.dirname(os.path.realpath(__file__)) + os.sep
+    seen: set[int] = set()
+    link: BaseException | None = e
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        tb = link.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        here = tb is not None and os.path.realpath(tb.tb_frame.f_code.co_filename).startswith(package)
+        if here and not isinstance(link, TrtforgeError):
+            return True
+        link = link.__cause__ or link.__context__
+    return False
+
+
 def load_factory(spec: str) -> tuple[Any, Any]:
     """Import `package.module:factory` (cwd importable) and call it; it must return (nn.Module, inputs).
 

@@ -26,6 +26,12 @@ class ExportError(TrtforgeError):
     """torch -> ONNX export failed, or the exported graph disagrees with torch."""
 
 
+class ModelNotExportable(ExportError, UserError):
+    """The exporters refused the user's model (what they could not trace is in the model: Python control
+    flow on tensor values, an op with no ONNX form), or the graph of the fallback tracer is not faithful
+    to it: the model or its source is the user's to change (exit code 2)."""
+
+
 class BuildError(TrtforgeError):
     """The TensorRT parser or builder rejected the network."""
 

@@ -106,9 +106,11 @@ def test_fallback_reason_names_the_models_source_line_not_torchs(tmp_path) -> No
 
 def test_an_unfaithful_legacy_export_says_why_the_legacy_exporter_ran(tmp_path) -> None:
     """When the graph the fallback wrote disagrees with torch, the error says that the legacy tracer
-    wrote it, why the dynamo exporter did not, and what to do."""
+    wrote it, why the dynamo exporter did not, and what to do; it is the model's to change (Longformer's
+    and LED's in-place slice writes), a UserError (exit 2), not a trtforge failure (exit 1, before)."""
     with pytest.raises(ExportError) as err:
         export_module(_DataDependentNoise(), torch.ones(2, 4), tmp_path)
+    assert isinstance(err.value, UserError)
     text = str(err.value)
     assert "not faithful" in text and "legacy TorchScript exporter" in text
     assert "dynamo exporter failed" in text and "--exporter dynamo" in text
@@ -117,6 +119,37 @@ def test_an_unfaithful_legacy_export_says_why_the_legacy_exporter_ran(tmp_path) 
 def test_dynamo_only_fails_clearly(tmp_path) -> None:
     with pytest.raises(ExportError, match="dynamo exporter failed"):
         export_module(_DataDependent(), torch.ones(2, 4), tmp_path, exporter="dynamo")
+
+
+def data_dependent_factory():
+    """`module:factory` for the CLI: a model the dynamo exporter refuses (a branch on a tensor's value)."""
+    return _DataDependent(), (torch.ones(2, 4),)
+
+
+def test_a_model_the_exporters_refuse_is_bad_input_and_a_bug_of_trtforges_is_not(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """Before: a model every exporter tried refused (here --exporter dynamo and a branch on a tensor's
+    value) was an ExportError, exit 1 as a trtforge failure. It is the model's to change: ModelNotExportable,
+    a UserError, exit 2 with the one-line reason. An exporter failing in trtforge's own code is still a
+    bug: raised as it is (not as the model's), exit 1 with its trace."""
+    from trtforge.cli.main import main
+    from trtforge.compiler import export
+    from trtforge.errors import ModelNotExportable
+
+    argv = ["compile", "tests.compiler.test_export:data_dependent_factory", "--exporter", "dynamo"]
+    argv += ["-o", str(tmp_path / "m.engine"), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: could not export _DataDependent to ONNX; dynamo exporter failed: " in err, err
+    assert "Traceback" not in err and "internal error" not in err
+    monkeypatch.setattr(export, "_dim_ident", None)  # a bug in trtforge's own exporter code
+    with pytest.raises(TypeError, match="'NoneType' object is not callable") as raised:
+        export_module(_Noisy(), torch.randn(3, 8), tmp_path, dynamic="batch", exporter="dynamo")
+    assert not isinstance(raised.value, ModelNotExportable)
+    assert main([*argv, "--dynamic", "batch"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "internal error" in err and "TypeError" in err, err
 
 
 class _Noisy(torch.nn.Module):

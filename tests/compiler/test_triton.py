@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from trtforge.cli.main import main
 pytestmark = pytest.mark.trt_build
 mc = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="tritonclient[grpc] not installed")
 text_format = pytest.importorskip("google.protobuf.text_format")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +60,9 @@ def test_default_repository(bert_engine: Path, tmp_path: Path, capsys) -> None:
     assert [list(g.profile) for g in cfg.instance_group] == [["0"]]
     assert cfg.dynamic_batching.max_queue_delay_microseconds == 0
     assert "validated" in capsys.readouterr().out
+    mask = os.umask(0)
+    os.umask(mask)  # (before: 0700, the staging directory's mode from mkdtemp: unreadable to a Triton user)
+    assert (repo / "bert").stat().st_mode & 0o777 == 0o777 & ~mask
 
 
 def test_instances_get_distinct_profiles(bert_engine: Path, tmp_path: Path) -> None:
@@ -155,35 +163,90 @@ def test_a_repository_that_cannot_be_created_is_a_user_error(bert_engine: Path, 
 
 def test_a_signal_during_the_swap_waits_for_it(bert_engine: Path, tmp_path: Path, monkeypatch) -> None:
     """--force over an existing model directory: a SIGTERM arriving as the old directory is moved aside (CI
-    caught one left behind as repo/.trtforge-replaced.*, or could find the model gone) is held until the
-    new directory is in place and the old one removed, then raised."""
-    import os
-    import signal
-
+    caught one left behind beside the model, or could find the model gone) is held until the new
+    directory is in place and the old one removed, then raised."""
+    from trtforge._fileio import temp_name
     from trtforge.compiler import triton
 
     repo = tmp_path / "repo"
     assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
     before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
-    real_replace = os.replace
+    real_rename = os.rename
+    aside: list[str] = []
 
-    def replace_then_signal(src, dst):
-        real_replace(src, dst)
-        if ".trtforge-replaced." in str(dst):
+    def rename_then_signal(src, dst):
+        real_rename(src, dst)
+        if Path(dst) == temp_name(repo / "bert", "old"):
+            aside.append(str(dst))
             signal.raise_signal(signal.SIGTERM)
 
     def stop(signum, frame):
         raise SystemExit(143)
 
-    monkeypatch.setattr(triton.os, "replace", replace_then_signal)
+    monkeypatch.setattr(os, "rename", rename_then_signal)
     old = signal.signal(signal.SIGTERM, stop)
     try:
         with pytest.raises(SystemExit):
             triton.export_triton(bert_engine, repo, triton.TritonOptions(force=True))
     finally:
         signal.signal(signal.SIGTERM, old)
+    assert aside, "the old directory was moved aside (the signal came)"
     assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == before
     assert (repo / "bert" / "1" / "model.plan").read_bytes() == bert_engine.read_bytes()
+
+
+# Run export_triton in a child process that SIGKILLs itself at one step: after making the model's
+# version directory "1" (while writing the new model), or after moving the old model directory aside.
+_KILLED_EXPORT = """
+import os, pathlib, signal, sys
+from trtforge.compiler import triton
+engine, repo, where = sys.argv[1:]
+if where == "writing":
+    real_mkdir = pathlib.Path.mkdir
+    def mkdir(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if self.name == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+    pathlib.Path.mkdir = mkdir
+else:
+    real_rename = os.rename
+    def rename(src, dst):
+        real_rename(src, dst)
+        if str(dst).endswith(".old"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.rename = rename
+triton.export_triton(engine, repo, triton.TritonOptions(force=True, max_batch=2))
+"""
+
+
+def _killed_export(engine: Path, repo: Path, where: str) -> None:
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)
+    argv = [sys.executable, "-c", _KILLED_EXPORT, str(engine), str(repo), where]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def test_what_a_killed_export_leaves_the_next_one_repairs(bert_engine: Path, tmp_path: Path, capsys) -> None:
+    """Before: export-triton staged in a directory of its own (repo/.trtforge-export.*) that a SIGKILL while
+    writing the model left in the repository for good, beside the models Triton polls. It now stages with
+    _fileio.staged_directory: the next export removes what a killed one was writing, and puts back a model
+    directory a kill between the two renames left aside (so an export without --force still refuses it)."""
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    config = (repo / "bert" / "config.pbtxt").read_text()
+    _killed_export(bert_engine, repo, "writing")
+    assert (repo / "bert" / "config.pbtxt").read_text() == config, "the model as it was"
+    assert len(list(repo.iterdir())) == 2, "what the killed export was writing"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo), "--force", "--max-batch", "4"]) == 0
+    assert sorted(p.name for p in repo.iterdir()) == ["bert"]
+    assert _parse(repo / "bert" / "config.pbtxt").max_batch_size == 4
+    config = (repo / "bert" / "config.pbtxt").read_text()
+    _killed_export(bert_engine, repo, "swapping")
+    assert not (repo / "bert").exists(), "killed between the renames: the model directory is aside"
+    _fails(["export-triton", str(bert_engine), "-o", str(repo)], capsys, "already exists; pass --force")
+    assert sorted(p.name for p in repo.iterdir()) == ["bert"]
+    assert (repo / "bert" / "config.pbtxt").read_text() == config
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -141,6 +142,54 @@ def test_bad_arguments_fail_without_leaving_a_report_directory(tmp_path, model_a
     a tolerance for an output or target the report lacks checked nothing."""
     with pytest.raises(UserError, match=message):
         build_report(str(model_a), targets=["ort", "ort-fp16"], out_dir=tmp_path / "o", **kwargs, **FAST)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("reference", ["ort", "onnx", "torch"])
+def test_a_tolerance_for_an_unknown_output_is_refused_before_any_target_is_prepared(
+    tmp_path, model_a, monkeypatch, reference
+):
+    """Before: the key was checked against the reference's outputs once every target had been prepared
+    and run (INT8 calibration, engine builds and the latency sweep: minutes), then refused."""
+    from tests.reports._tiny import mlp_factory
+    from trtforge.reports.targets import Preparer
+
+    prepared: list[str] = []
+    real = Preparer.prepare
+    monkeypatch.setattr(Preparer, "prepare", lambda self, name: prepared.append(name) or real(self, name))
+    source, targets, ref, output = {
+        "ort": (str(model_a), ["ort", "ort-fp16"], "ort", "logits"),
+        "onnx": (str(model_a), ["ort", f"onnx={model_a}"], f"onnx={model_a}", "logits"),
+        "torch": (mlp_factory(), ["torch", "ort"], "torch", "output_0"),  # (named by the export)
+    }[reference]
+    kw = {**FAST, "targets": targets, "reference": ref, "out_dir": tmp_path / "o"}
+    for key, message in (("logit", "has no output 'logit'"), ("ort-fp8/", "no target 'ort-fp8'")):
+        with pytest.raises(UserError, match=message):
+            build_report(source, tolerances={key: {}}, **kw)
+    assert prepared == [] and not (tmp_path / "o").exists()
+    r = build_report(source, tolerances={output: {}}, **kw)
+    assert prepared == targets and r.report.accuracy[0].output == output
+
+
+def test_a_tokenizer_nothing_reads_is_refused(tmp_path, model_a):
+    """Before: a tokenizer given where no text file of sentences was (arrays, or generated inputs) was
+    dropped without a word: the report measured other inputs than the sentences meant."""
+    from trtforge.reports.api import _check_tokenizer_read
+
+    inputs_npz(tmp_path / "x.npz")
+    (tmp_path / "s.txt").write_text("a sentence\n")
+    npz, text = str(tmp_path / "x.npz"), str(tmp_path / "s.txt")
+    for data, calibration in ((text, None), (npz, text), (None, text)):
+        _check_tokenizer_read("demo", data, calibration)  # read: no error
+    _check_tokenizer_read(None, npz, None)
+    with pytest.raises(
+        UserError, match=r"and no --data or --calibration-data is given \(inputs are generated"
+    ):
+        build_report(str(model_a), targets=["ort"], tokenizer="demo", out_dir=tmp_path / "o", **FAST)
+    with pytest.raises(
+        UserError, match=rf"and --data '{re.escape(npz)}' is not one \(arrays or module:function\)"
+    ):
+        build_report(str(model_a), targets=["ort"], data=npz, tokenizer="t", out_dir=tmp_path / "o", **FAST)
     assert not (tmp_path / "o").exists()
 
 

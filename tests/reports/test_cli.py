@@ -57,6 +57,7 @@ def test_check_exits_3_when_an_output_fails(tmp_path, models, capsys):
         (["--targets", "onnx=/does/not/exist.onnx"], "does not exist"),
         (["--output-name", "y"], "--output-name only applies to a torch module source"),
         (["--int8-rest", "fp64"], "Invalid value for '--int8-rest'"),
+        (["--tokenizer", "demo"], "--tokenizer (tokenizer=) 'demo' would not be used: it only tokenizes"),
     ],
 )
 def test_bad_options_exit_2(tmp_path, models, capsys, extra, message):
@@ -322,6 +323,33 @@ def test_repeated_tolerances_for_one_output_add_up(tmp_path, models, capsys):
     assert rc == 0, text
     tol = json.loads((out / "report.json").read_text())["accuracy"][0]["tolerance"]
     assert (tol["atol"], tol["rtol"], tol["min_cosine"]) == (0.5, 0.0, 0.9)
+
+
+def test_onnx_targets_whose_paths_hold_commas(tmp_path, models, capsys):
+    """Before: --targets was split at every comma, so onnx=runs,v2/b, final.onnx became the targets
+    'onnx=runs' (no such file: exit 2), 'v2/b' and ' final.onnx'. A comma now separates targets only
+    where a target name follows it; an onnx=PATH given alone is taken whole."""
+    from trtforge.reports.targets import split_targets
+
+    assert [n.strip() for n in split_targets(["ort, trt", "onnx=x.onnx,ort-fp16", "ort,,trt"])] == [
+        *("ort", "trt", "onnx=x.onnx", "ort-fp16", "ort", "trt")
+    ]
+    a, b = models
+    (tmp_path / "runs,v2").mkdir()
+    c = tmp_path / "runs,v2" / "b, final.onnx"
+    c.write_bytes(b.read_bytes())
+    out = tmp_path / "o"
+    argv = ["report", str(a), "-o", str(out), "--targets", f"ort,onnx={c},ort-fp16", "--no-check", *FAST]
+    rc, text = _run(argv, capsys)
+    assert rc == 0, text
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["settings"]["targets"] == ["ort", f"onnx={c}", "ort-fp16"]
+    d = tmp_path / "m,ort-fp16"  # what follows its comma is a target name: taken whole when given alone
+    d.write_bytes(b.read_bytes())
+    argv = ["report", str(a), "-o", str(out), "--targets", "ort", "--targets", f"onnx={d}", "--no-check"]
+    rc, text = _run([*argv, *FAST], capsys)
+    assert rc == 0, text
+    assert json.loads((out / "report.json").read_text())["settings"]["targets"] == ["ort", f"onnx={d}"]
 
 
 def test_calibration_data_that_does_not_fit_is_bad_input(tmp_path, models, capsys):

@@ -24,7 +24,9 @@ MODEL_OR_ENGINE is one of:
   pkg.module:factory       a callable returning (nn.Module, example_inputs)
 \b
 Targets (default: all that apply): torch, torch-cuda, ort, ort-fused, ort-fp16,
-ort-bf16, ort-int8, trt, trt-fp16, trt-int8, onnx=PATH (any other ONNX file).
+ort-bf16, ort-int8, trt, trt-fp16, trt-int8, onnx=PATH (any other ONNX file; a
+comma in PATH is kept unless a target name follows it; --targets onnx=PATH alone
+takes PATH whole).
 Targets that cannot run here keep their row and say why. A model with nothing
 INT8 quantizes drops ort-int8/trt-int8 from the default targets (noted); named
 with --targets they fail.
@@ -54,7 +56,8 @@ the reason.
 --data: .npz (input name -> array, leading sample axis), a directory of .npz/.npy,
 a text file of sentences (with --tokenizer), or module:function; default:
 inputs generated from the model's input specs (token ids within the vocabulary,
-0/1 attention masks).
+0/1 attention masks). A --tokenizer without a text --data or --calibration-data
+would tokenize nothing: it is refused (exit 2).
 --tolerance [TARGET/]OUTPUT:atol=..,rtol=..,cosine=..,snr=..,top1=.. (an empty
 OUTPUT means every output; 'none' disables a check). Repeatable.
 Writes OUT/report.html (tables and plots), OUT/report.md and OUT/report.json
@@ -208,6 +211,7 @@ def report_cmd(
     from trtforge.compiler.sources import CHECKPOINT_SUFFIXES, unsupported_source
     from trtforge.reports.api import build_report
     from trtforge.reports.compare import parse_tolerance
+    from trtforge.reports.targets import split_targets
 
     source: object = model
     # module:factory, not a missing file whose path holds a colon ('runs:v1/model.onnx' is a path)
@@ -225,7 +229,7 @@ def report_cmd(
         verify_engine_file(model, read_manifest(model))  # refuse a tampered engine, as inspect does
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise UserError(f"-o '{out_dir}' exists and is not a directory.")
-    names = [n for t in targets for n in t.split(",") if n.strip()] or None
+    names = split_targets(targets) or None
     tol: dict[str, dict[str, float | None]] = {}
     for text in tolerances:  # the same key twice adds up (a later value of one field wins), never drops
         key, fields = parse_tolerance(text)

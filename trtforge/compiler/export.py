@@ -19,11 +19,11 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from trtforge._usercode import eval_mode, user_code
+from trtforge._usercode import eval_mode, raised_by_trtforge, user_code
 from trtforge.core import onnx_io
-from trtforge.errors import ExportError, UserError
+from trtforge.errors import ExportError, ModelNotExportable, UserError
 
 # A dynamic-axes spec: None (static), "batch", "batch,seq" (dim 0 / dims 0,1 of every input; an empty
 # entry keeps its axis static: "batch,,height,width"), or
@@ -296,7 +296,9 @@ def export_module(
     specializes it); False keeps the fixed axis (callers that only guessed the dynamic axes).
 
     `exporter`: "auto" (dynamo, falling back to legacy with the reason recorded), "dynamo" or "legacy".
-    Raises ExportError when both exporters fail or ONNX Runtime disagrees with torch beyond tolerance.
+    Raises ModelNotExportable (a UserError) when every exporter tried refuses the model, or the graph the
+    legacy fallback wrote disagrees with torch; ExportError when ONNX Runtime disagrees with the graph
+    of the exporter asked for. An exporter failing in trtforge's own code is raised as it is (a bug).
     """
     import torch
 
@@ -324,6 +326,7 @@ def export_module(
     )
     t0 = time.perf_counter()
     attempts = ["dynamo", "legacy"] if exporter == "auto" else [exporter]
+    failures: list[Exception] = []
     for i, which in enumerate(attempts):
         fn = _export_dynamo if which == "dynamo" else _export_legacy
         try:
@@ -332,10 +335,13 @@ def export_module(
             record.exporter = which
             break
         except Exception as e:
+            failures.append(e)
             reason = f"{which} exporter failed: {export_failure(e)}"
             if i == len(attempts) - 1:
                 prior = f" (after: {record.fallback_reason})" if record.fallback_reason else ""
-                raise ExportError(f"could not export {type(module).__name__} to ONNX; {reason}{prior}") from e
+                _refuse_unexportable(
+                    failures, f"could not export {type(module).__name__} to ONNX; {reason}{prior}"
+                )
             record.fallback_reason = reason
     record.seconds = time.perf_counter() - t0
     if strict_dynamic:
@@ -345,8 +351,21 @@ def export_module(
     except ExportError as e:
         if record.fallback_reason is None:
             raise
-        raise ExportError(f"{e} {_fallback_note(record.fallback_reason)}") from e
+        _refuse_unexportable(failures, f"{e} {_fallback_note(record.fallback_reason)}", cause=e)
     return OnnxArtifact(path, record)
+
+
+def _refuse_unexportable(
+    failures: Sequence[Exception], message: str, cause: BaseException | None = None
+) -> NoReturn:
+    """Raise for a model the exporters tried (`failures`: how each failed) and could not export
+    faithfully (`message`, from `cause`: the last failure by default). ModelNotExportable, a UserError,
+    when they refused the model; but a failure that trtforge's own code raised by mistake is raised as it
+    was: a bug, not the model's (exit 1, with its trace)."""
+    bug = next((f for f in failures if raised_by_trtforge(f)), None)
+    if bug is not None:
+        raise bug
+    raise ModelNotExportable(message) from (cause or failures[-1])
 
 
 def _fallback_note(reason: str) -> str:

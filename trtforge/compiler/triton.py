@@ -1,20 +1,25 @@
 """Export an engine to a Triton Inference Server model repository (tensorrt-facts.md §7).
 
-Writes `REPO/NAME/config.pbtxt` and `REPO/NAME/1/model.plan` from the engine's manifest, into a
-temporary directory that is renamed into place, then parses the config with tritonclient's
-model_config protobuf and checks it against the manifest.
+Writes `REPO/NAME/config.pbtxt` and `REPO/NAME/1/model.plan` from the engine's manifest, parsed first
+with tritonclient's model_config protobuf and checked against the manifest, into a directory staged
+beside the model's (`_fileio.staged_directory`) that then takes its place.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import USER_ERRNOS, check_name_length, os_error, show_path, signals_deferred
+from trtforge._fileio import (
+    check_name_length,
+    os_error,
+    recover_staged_directory,
+    show_path,
+    staged_directory,
+    write_synced,
+)
 from trtforge.core.manifest import (
     Manifest,
     TensorSpec,
@@ -301,6 +306,7 @@ def export_triton(
         raise UserError(f"repository '{repo}' exists and is not a directory.")
     target = repo / name
     check_name_length(target, "--name" if opts.name is not None else "the model directory")
+    recover_staged_directory(target)  # an export killed mid-swap left the model aside: it goes back first
     _refuse_replacing_inputs(target, [engine, manifest_path_for(engine)])
     if target.exists() and not opts.force:
         raise UserError(f"model directory '{target}' already exists; pass --force to replace it.")
@@ -309,32 +315,14 @@ def export_triton(
     if opts.validate:
         validate_config(text, manifest, max_batch)
         validated = True
-    staging: Path | None = None
     try:
-        try:
-            repo.mkdir(parents=True, exist_ok=True)
-            with signals_deferred():  # made and named with interrupts held, so the cleanup below sees it
-                staging = Path(tempfile.mkdtemp(prefix=".trtforge-export.", dir=repo))
-        except OSError as e:  # a repository path that cannot be created (read-only, /proc, no permission)
-            raise os_error(e, repo, "create the model repository") from e
+        repo.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a repository path that cannot be created (read-only, /proc, no permission)
+        raise os_error(e, repo, "create the model repository") from e
+    with staged_directory(target) as staging:  # (what a SIGKILL leaves beside it, the next export repairs)
         (staging / "1").mkdir()
-        (staging / "1" / "model.plan").write_bytes(data)
-        (staging / "config.pbtxt").write_text(text)
-        with signals_deferred():  # an interrupt between the renames or before the old one's removal left
-            # the model directory gone or a .trtforge-replaced.* copy behind: it waits for the swap
-            if target.exists():
-                old = Path(tempfile.mkdtemp(prefix=".trtforge-replaced.", dir=repo))
-                os.replace(target, old / name)
-                os.replace(staging, target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(staging, target)
-    except BaseException as e:
-        if staging is not None:  # (gone already where the swap renamed it)
-            shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno in USER_ERRNOS:
-            raise os_error(e, target) from e
-        raise
+        write_synced(staging / "1" / "model.plan", data)
+        write_synced(staging / "config.pbtxt", text.encode("utf-8"))
     return TritonExport(
         target, target / "config.pbtxt", target / "1" / "model.plan", text, max_batch, validated
     )

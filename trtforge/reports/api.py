@@ -26,8 +26,10 @@ from trtforge.reports.inputs import Feed, ReportInput, fit_sizes, generate_feed,
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
 from trtforge.reports.results import FAILED, OK, AccuracyRow, LatencyPoint, Report, TargetRun
 from trtforge.reports.targets import (
+    EXTERNAL,
     INT8_TARGETS,
     NOTHING_TO_QUANTIZE,
+    TRT_TARGETS,
     Preparer,
     Source,
     Target,
@@ -323,6 +325,7 @@ def build_report(
     check_out_dir(out_dir)
     _check_data_path(data, "--data")
     _check_data_path(calibration_data, "--calibration-data")
+    _check_tokenizer_read(tokenizer, data, calibration_data)
     if calibration_data is not None and not set(names) & set(INT8_TARGETS):
         raise UserError(
             f"--calibration-data feeds only the INT8 targets ({', '.join(INT8_TARGETS)}), and none of this "
@@ -344,6 +347,9 @@ def build_report(
                 feed_shapes=lambda specs: _feed_shapes(specs, acc_batch, acc_seq),
             )
             base_specs = prep.base_specs()
+            outputs = _reference_outputs(prep, reference)
+            if outputs is not None:  # before any target is prepared or run (calibration, builds: minutes)
+                _check_tolerance_keys(tolerances, names, outputs)
             acc_batch, acc_seq, sweep_seqs = max(batch_sizes), int(seq_lens[0]), list(seq_lens)
             if base_specs:
                 acc_batch, acc_seq, sweep_seqs, fit_notes = fit_sizes(base_specs, batch_sizes, seq_lens)
@@ -372,8 +378,10 @@ def build_report(
                 latency.extend(lat)
                 bar.step(f"ran {n}", advance=1)
     ref_run = runs_by_name[reference]
-    if ref_run.outputs:
-        _check_tolerance_keys(tolerances, names, list(ref_run.outputs[0]))
+    if outputs is None and ref_run.outputs:  # (not known before it ran)
+        outputs = list(ref_run.outputs[0])
+    if outputs is not None:  # again: the INT8 targets may have left the default targets since
+        _check_tolerance_keys(tolerances, names, outputs)
     accuracy: list[AccuracyRow] = []
     for n in names:
         if n != reference:
@@ -481,6 +489,17 @@ def _check_tolerance_keys(
         raise UserError(f"--tolerance '{key}': the model has no output '{output}' (outputs: {outputs}).")
 
 
+def _reference_outputs(prep: Preparer, reference: str) -> list[str] | None:
+    """The output names the reference target will return, read before anything runs: its own graph for
+    an onnx=PATH, an engine source's manifest for trt, else the exported (or given) graph, whose names
+    every derived graph, engine and the torch runner keep. None where that graph is not available."""
+    src = prep.source
+    if src.kind == "engine" and reference in TRT_TARGETS:
+        return [t.name for t in src.manifest.outputs]
+    g = prep.graph(reference if reference.startswith(EXTERNAL) else "ort")
+    return None if g.error is not None else [o.name for o in g.proto.graph.output]
+
+
 def _check_data_path(value: Any, option: str) -> None:
     """A data path that does not exist, said by its option before any target is prepared (it would
     otherwise surface later, named as calibration data)."""
@@ -491,6 +510,41 @@ def _check_data_path(value: Any, option: str) -> None:
     raise UserError(
         f"{option} '{show_path(value)}' does not exist; expected an .npz file, a directory of .npz/.npy "
         "files, a text file (with --tokenizer) or module:function."
+    )
+
+
+def _is_text_file(value: Any) -> bool:
+    """Whether data `value` is read as a text file of sentences (a file, or a pipe, holding no arrays)."""
+    if not isinstance(value, (str, os.PathLike)) or not Path(value).exists() or Path(value).is_dir():
+        return False
+    from trtforge.calibration.sources import array_file_kind
+
+    return array_file_kind(Path(value)) is None
+
+
+def _check_tokenizer_read(tokenizer: Any, data: Any, calibration_data: Any) -> None:
+    """A tokenizer only tokenizes a text file of sentences given as --data or --calibration-data; one
+    given where neither is such a file was dropped without a word (the inputs came from arrays, or were
+    generated), so a report meant to measure the user's sentences measured other inputs. Refused."""
+    if tokenizer is None or _is_text_file(data) or _is_text_file(calibration_data):
+        return
+    given = []
+    for option, value in (("--data", data), ("--calibration-data", calibration_data)):
+        if isinstance(value, (str, os.PathLike)):
+            given.append(f"{option} '{show_path(value)}'")
+        elif value is not None:
+            given.append(f"{option} ({_describe(value)})")
+    where = (
+        f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} not one (arrays or module:function)"
+        if given
+        else "no --data or --calibration-data is given (inputs are generated from the model's input specs)"
+    )
+    name = type(tokenizer).__name__
+    if isinstance(tokenizer, (str, os.PathLike)):
+        name = shown(os.fspath(tokenizer))
+    raise UserError(
+        f"--tokenizer (tokenizer=) {name} would not be used: it only tokenizes a text file of sentences "
+        f"given as --data or --calibration-data, and {where}. Drop --tokenizer, or give the sentences file."
     )
 
 

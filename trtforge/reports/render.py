@@ -9,7 +9,13 @@ import os
 import re
 from pathlib import Path
 
-from trtforge._fileio import atomic_outputs, atomic_write_text, recover_staged_directory, staged_directory
+from trtforge._fileio import (
+    atomic_outputs,
+    atomic_write_text,
+    recover_staged_directory,
+    staged_directory,
+    write_synced,
+)
 from trtforge.reports.cells import (
     ACCURACY_HEADER,
     LATENCY_HEADER,
@@ -139,10 +145,7 @@ def write_report(report: Report, out_dir: Path) -> tuple[Path, Path, Path]:
     if _only_a_report(where):
         with staged_directory(where) as staged:
             for name, text in texts.items():
-                with open(staged / name, "wb") as f:
-                    f.write(text.encode("utf-8", "surrogateescape"))
-                    f.flush()
-                    os.fsync(f.fileno())
+                write_synced(staged / name, text.encode("utf-8", "surrogateescape"))
     else:
         with atomic_outputs():  # all three or none, even when interrupted
             for name, text in texts.items():

@@ -77,6 +77,25 @@ def default_targets(source: Source) -> list[str]:
     return ["ort", "trt"] if source.onnx_path is not None else ["trt"]
 
 
+def split_targets(values: Sequence[str]) -> list[str]:
+    """Target names from `--targets A,B,...` values (the option is repeatable). A comma separates two
+    targets only where the text after it is a known name, ``onnx=...`` or nothing (``ort,,trt``): inside
+    an ``onnx=PATH`` it is part of the path (``onnx=runs/a,b.onnx``). A value that is ``onnx=`` and an
+    existing file as a whole is that one target, whatever follows its commas."""
+    out: list[str] = []
+    for value in values:
+        if value.strip().startswith(EXTERNAL) and Path(value.strip()[len(EXTERNAL) :]).is_file():
+            out.append(value)
+            continue
+        for i, piece in enumerate(value.split(",")):
+            starts = piece.strip() in KNOWN or piece.strip().startswith(EXTERNAL) or not piece.strip()
+            if i and not starts and out[-1].strip().startswith(EXTERNAL):
+                out[-1] += f",{piece}"
+            else:
+                out.append(piece)
+    return [n for n in out if n.strip()]
+
+
 def validate_names(names: Sequence[str]) -> list[str]:
     """Check target names (UserError naming the bad one and the valid ones); drops duplicates."""
     out: list[str] = []
