@@ -243,6 +243,45 @@ SESSION_API = {
     ),
     "memory_needed(5)": (lambda eng, s: s.memory_needed(5), r"inputs must be a dict .*got int"),
     "trim('1')": (lambda eng, s: s.trim("1"), r"trim\(keep='1'\): keep is a number of bytes"),
+    # each was read as true (bool("no")), taken as none or truncated, or int()'s / a comparison's error
+    "session(cuda_graphs='no')": (
+        lambda eng, s: eng.session(cuda_graphs="no"),
+        r"session\(cuda_graphs='no'\): cuda_graphs must be True or False",
+    ),
+    "session(torch_allocator='no')": (
+        lambda eng, s: eng.session(torch_allocator="no"),
+        r"session\(torch_allocator='no'\): torch_allocator must be True or False",
+    ),
+    "session(aux_streams=-1)": (
+        lambda eng, s: eng.session(aux_streams=-1),
+        r"session\(aux_streams=-1\): auxiliary streams per lane, an integer >= 0",
+    ),
+    "session(aux_streams='two')": (
+        lambda eng, s: eng.session(aux_streams="two"),
+        r"session\(aux_streams='two'\): auxiliary streams per lane, an integer >= 0",
+    ),
+    "session(graph_warmup='1')": (
+        lambda eng, s: eng.session(graph_warmup="1"),
+        r"session\(graph_warmup='1'\): an integer >= 1",
+    ),
+    # each was torch's RuntimeError/TypeError naming no argument, or (cuda:7) a CUDA error at the first stream
+    "session(device='gpu')": (
+        lambda eng, s: eng.session(device="gpu"),
+        r"device 'gpu': Expected one of cpu, cuda.*; expected 'cuda', 'cuda:N' or a GPU index N",
+    ),
+    "session(device='mps')": (
+        lambda eng, s: eng.session(device="mps"),
+        r"device 'mps': an engine runs on a CUDA device",
+    ),
+    "session(device=-1)": (lambda eng, s: eng.session(device=-1), r"device -1: a GPU index is >= 0"),
+    "session(device=[1])": (
+        lambda eng, s: eng.session(device=[1]),
+        r"device must be a string, torch\.device or GPU index, got list \[1\]",
+    ),
+    "session(device='cuda:7')": (
+        lambda eng, s: eng.session(device="cuda:7"),
+        r"device 'cuda:7': this machine has \d usable CUDA device\(s\); pass a GPU it has\.",
+    ),
 }
 
 
@@ -252,4 +291,13 @@ def test_session_api_misuse_is_a_user_error_naming_the_argument(case):
     fn, message = SESSION_API[case]
     with pytest.raises(UserError, match=message):
         fn(eng, s)
+    torch.testing.assert_close(s.run({"x": torch.ones(2, 64)})["y"], torch.full((2, 64), 3.0))
+
+
+def test_session_takes_a_numpy_integer_stream_count():
+    """streams=np.int64(2) (a count read from an array or a config) was refused as "session(streams=2):
+    streams must be an integer >= 1"."""
+    eng = load_standin(standin_manifest(streams=2), device="cpu")
+    s = eng.session(streams=np.int64(2), aux_streams=np.int32(0), graph_warmup=np.int64(1))
+    assert s.streams == 2 and type(s.streams) is int
     torch.testing.assert_close(s.run({"x": torch.ones(2, 64)})["y"], torch.full((2, 64), 3.0))

@@ -12,6 +12,7 @@ allowed range; results are cached per shape signature so the hot path is a few d
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,10 +102,15 @@ class ProfileLayout:
             return base_index
         return lane * len(self.base) + base_index
 
-    def check_lanes(self, n: int, *, engine: str = "engine") -> None:
-        """UserError unless `n` lanes can run concurrently (one profile copy per lane when dynamic)."""
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise UserError(f"session(streams={shown(n)}): streams must be an integer >= 1.")
+    def check_lanes(self, n: int, *, engine: str = "engine") -> int:
+        """`n` as an int; UserError unless `n` lanes can run concurrently (one profile copy per lane when
+        dynamic). A NumPy integer is an integer (it was refused as "session(streams=2): streams must be an
+        integer")."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise UserError(
+                f"session(streams={shown(n)}): streams must be an integer >= 1, got {type(n).__name__}."
+            )
+        n = int(n)
         if n < 1:
             raise UserError(f"session(streams={n}): the number of streams must be at least 1.")
         if self.dynamic and n > self.copies:
@@ -115,6 +121,7 @@ class ProfileLayout:
                 f"dynamic-shape engine). Rebuild with `trtforge compile --streams {n}` or use "
                 f"streams<={self.copies}."
             )
+        return n
 
 
 class InputValidator:

@@ -26,6 +26,7 @@ stream are ordered one after another by that stream.
 from __future__ import annotations
 
 import concurrent.futures
+import numbers
 import queue
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,30 @@ if TYPE_CHECKING:
     from trtforge.runtime.protocol import SessionEngine
 
 _STAGED = 1  # prepared input kind: host data to copy through pinned staging
+
+
+def _is_int(value: Any) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_options(cuda_graphs: Any, graph_warmup: Any, aux_streams: Any, torch_allocator: Any) -> None:
+    """UserError naming the session option that has the wrong kind or range, before any lane is made:
+    cuda_graphs="no" and torch_allocator="no" were read as true, aux_streams=-1 as none and "two" was
+    int()'s ValueError, graph_warmup="1" a TypeError from a comparison."""
+    for name, flag in (("cuda_graphs", cuda_graphs), ("torch_allocator", torch_allocator)):
+        if not isinstance(flag, bool):
+            raise UserError(f"session({name}={shown(flag)}): {name} must be True or False.")
+    if not _is_int(graph_warmup) or graph_warmup < 1:
+        raise UserError(
+            f"session(graph_warmup={shown(graph_warmup)}): an integer >= 1; at least one plain enqueue must "
+            "precede a CUDA-graph capture (tensorrt-facts.md §4.7)."
+        )
+    if aux_streams is not None and (not _is_int(aux_streams) or aux_streams < 0):
+        raise UserError(
+            f"session(aux_streams={shown(aux_streams)}): auxiliary streams per lane, an integer >= 0 "
+            "(or None: what the engine was built with)."
+        )
 
 
 class _Lane:
@@ -114,18 +139,14 @@ class Session:
     ):
         from trtforge.runtime._device import make_device
 
-        engine.layout.check_lanes(streams, engine=engine.label)
+        streams = engine.layout.check_lanes(streams, engine=engine.label)
+        _check_options(cuda_graphs, graph_warmup, aux_streams, torch_allocator)
         self.engine = engine
         self.device = make_device(engine.default_device if device is None else device)
         if self.device.kind == "cpu" and not engine.host_capable:
             raise UserError(f"{engine.label}: a TensorRT engine runs on a CUDA device, not on 'cpu'.")
-        if graph_warmup < 1:
-            raise UserError(
-                f"graph_warmup={graph_warmup}: at least one plain enqueue must precede a CUDA-graph capture "
-                "(tensorrt-facts.md §4.7)."
-            )
-        self.cuda_graphs = bool(cuda_graphs) and self.device.kind == "cuda"
-        self.graph_warmup = graph_warmup
+        self.cuda_graphs = cuda_graphs and self.device.kind == "cuda"
+        self.graph_warmup = int(graph_warmup)
         self.torch_allocator = torch_allocator
         aux = engine.handle.num_aux_streams if aux_streams is None else int(aux_streams)
         self._out_cache: dict[tuple, tuple[int, tuple[tuple[int, ...], ...]]] = {}
