@@ -6,6 +6,9 @@ The same code runs on CUDA in test_session_gpu.py; here streams are no-ops and w
 from __future__ import annotations
 
 import concurrent.futures
+import gc
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -300,4 +303,107 @@ def test_session_takes_a_numpy_integer_stream_count():
     eng = load_standin(standin_manifest(streams=2), device="cpu")
     s = eng.session(streams=np.int64(2), aux_streams=np.int32(0), graph_warmup=np.int64(1))
     assert s.streams == 2 and type(s.streams) is int
+    torch.testing.assert_close(s.run({"x": torch.ones(2, 64)})["y"], torch.full((2, 64), 3.0))
+
+
+def test_a_session_dropped_unclosed_finishes_its_work_and_frees_its_lanes():
+    """A session that is garbage with futures pending resolves them, then frees its arenas and stops its
+    waiter threads; its arenas (raw caching-allocator blocks on a GPU) and threads lived on before, so a
+    session opened per request leaked both."""
+    eng = load_standin(standin_manifest(streams=2), device="cpu")
+    s = eng.session(streams=2)
+    xs = [torch.randn(3, 64) for _ in range(6)]
+    futures = [s.submit({"x": x}) for x in xs]
+    lanes, threads = s._lanes, [c._thread for c in s._completers]
+    assert all(t is not None for t in threads)
+    del s
+    gc.collect()
+    for future, x in zip(futures, xs):
+        torch.testing.assert_close(future.result(timeout=5)["y"], x * 2 + 1)
+    for t in threads:
+        t.join(timeout=5)
+    assert [t.is_alive() for t in threads] == [False, False]
+    assert [lane.arena.capacity for lane in lanes] == [0, 0]
+
+
+def test_close_waits_for_a_call_in_flight_on_another_thread():
+    """close() freed each lane's memory at once, under an enqueue another thread had in progress (on a GPU:
+    device memory handed back to the allocator while the engine used it). It now waits for that call."""
+    eng = load_standin(standin_manifest(), device="cpu", work="none")
+    s = eng.session(streams=1)
+    s.run({"x": torch.randn(2, 64)})
+    ctx = eng.handle.contexts[0]
+    entered, release, plain = threading.Event(), threading.Event(), ctx.execute_async
+
+    def slow(stream):
+        entered.set()
+        release.wait(5)
+        return plain(stream)
+
+    ctx.execute_async = slow
+    results = []
+    runner = threading.Thread(target=lambda: results.append(s.run({"x": torch.randn(2, 64)})))
+    runner.start()
+    assert entered.wait(5)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    closer.join(0.3)
+    try:
+        assert closer.is_alive(), "close() returned while a call was enqueuing"
+        assert s._lanes[0].arena.capacity > 0
+    finally:
+        release.set()
+        runner.join(5)
+        closer.join(5)
+    assert not closer.is_alive() and len(results) == 1
+    assert s._lanes[0].arena.capacity == 0
+    with pytest.raises(RuntimeError, match="session is closed"):
+        s.run({"x": torch.randn(2, 64)})
+
+
+def test_close_from_a_future_callback():
+    """close() inside a done-callback (it runs on the lane's waiter thread) raised "cannot join current
+    thread", which concurrent.futures swallows: the lanes were never freed."""
+    _, s = _session(1)
+    finished = threading.Event()
+
+    def close_then_note(_future):
+        try:
+            s.close()
+        finally:
+            finished.set()
+
+    future = s.submit({"x": torch.ones(2, 64)})
+    future.add_done_callback(close_then_note)
+    assert finished.wait(5)
+    torch.testing.assert_close(future.result()["y"], torch.full((2, 64), 3.0))
+    assert s._lanes[0].arena.capacity == 0
+    with pytest.raises(RuntimeError, match="session is closed"):
+        s.submit({"x": torch.ones(2, 64)})
+
+
+def test_trim_from_several_threads_at_once():
+    """Two trim() calls each took some lanes and waited for the other's forever (a thread switch between
+    taking one lane and the next, made certain here by a pause after each lane is taken)."""
+    _, s = _session(2)
+    s.run({"x": torch.randn(2, 64)})
+    plain = s._acquire
+
+    def slow_acquire():
+        lane = plain()
+        time.sleep(0.05)
+        return lane
+
+    s._acquire = slow_acquire
+
+    def trims():
+        for _ in range(3):
+            s.trim()
+
+    threads = [threading.Thread(target=trims, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads), "trim() deadlocked"
     torch.testing.assert_close(s.run({"x": torch.ones(2, 64)})["y"], torch.full((2, 64), 3.0))

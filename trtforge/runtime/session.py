@@ -26,9 +26,12 @@ stream are ordered one after another by that stream.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import numbers
 import queue
-from collections.abc import Mapping
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -155,7 +158,13 @@ class Session:
         for lane in self._lanes:
             self._free.put(lane)
         self._completers = [Completer(f"trtforge-lane{i}") for i in range(streams)]
-        self._closed = False
+        self._closed = threading.Event()  # set by close() and by the finalizer of a dropped session
+        self._all_lanes = threading.Lock()  # one taker of every lane at a time (trim, close)
+        # closed when dropped unclosed too: its arenas (raw caching-allocator blocks) and waiter threads
+        # were never freed, and a session opened per request leaked both
+        self._finalizer = weakref.finalize(
+            self, _shut_down, self._closed, self._lanes, self._free, self._completers, self._all_lanes
+        )
         self.contiguous_copies = 0
         self.graph_failures: list[str] = []
 
@@ -207,20 +216,22 @@ class Session:
             host = self._host_copies(lane, result) if to_numpy else None
             done = self.device.new_event()
             done.record(lane.stream)
+            # queued while the lane is held: once close() holds every lane, every future is queued
+            if host is not None:
+                return self._completers[lane.index].put(
+                    done, lambda: {n: v.numpy() for n, v in host.items()}, keep
+                )
+            return self._completers[lane.index].put(done, lambda: result, keep)
         except BaseException:
             lane.reset()
             raise
         finally:
             self._free.put(lane)
-        completer = self._completers[lane.index]
-        if host is not None:
-            return completer.put(done, lambda: {n: v.numpy() for n, v in host.items()}, keep)
-        return completer.put(done, lambda: result, keep)
 
     @checked_call
     def memory_needed(self, inputs: Mapping[str, Any]) -> int:
         """Device memory (bytes) one lane needs for these input shapes; reads metadata only, runs nothing."""
-        if self._closed:
+        if self._closed.is_set():
             raise RuntimeError("session is closed")
         base, shapes = self.engine.validator.validate(inputs)
         key = (base, shapes)
@@ -273,28 +284,22 @@ class Session:
         """Release arena memory above `keep` bytes per lane (waits for each lane to be idle)."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise UserError(f"trim(keep={shown(keep)}): keep is a number of bytes, an integer >= 0.")
-        taken = [self._acquire() for _ in self._lanes]
-        try:
+        if self._closed.is_set():
+            raise RuntimeError("session is closed")
+        with _every_lane(self._lanes, self._free, self._all_lanes) as taken:
+            if self._closed.is_set():
+                raise RuntimeError("session is closed")
             for lane in taken:
                 lane.stream.synchronize()
                 if lane.arena.trim(keep):
                     lane.graph, lane.graph_io = None, None
                     lane.graph_state = GraphState(failed=lane.graph_state.failed)
-        finally:
-            for lane in taken:
-                self._free.put(lane)
 
     def close(self) -> None:
-        """Finish queued work and free lane memory; the session is unusable afterwards."""
-        if self._closed:
-            return
-        self._closed = True
-        for completer in self._completers:
-            completer.close()
-        for lane in self._lanes:
-            lane.stream.synchronize()
-            lane.graph, lane.graph_io = None, None
-            lane.arena.release()
+        """Wait for calls in flight on other threads, resolve every submitted future, then free lane memory;
+        the session is unusable afterwards. A session dropped unclosed is closed when it is garbage (and at
+        interpreter exit)."""
+        self._finalizer()
 
     def __enter__(self) -> Session:
         return self
@@ -304,13 +309,17 @@ class Session:
 
     # -- internals ------------------------------------------------------------------------------------
     def _acquire(self) -> _Lane:
-        if self._closed:
+        if self._closed.is_set():
             raise RuntimeError("session is closed")
-        return self._free.get()
+        lane = self._free.get()
+        if self._closed.is_set():  # closed while this call waited for a lane
+            self._free.put(lane)
+            raise RuntimeError("session is closed")
+        return lane
 
     def _prepare(self, inputs: Mapping[str, Any]) -> tuple[int, tuple, list, bool]:
         """Validate, then classify inputs: device tensors (made contiguous) or host data to stage."""
-        if self._closed:
+        if self._closed.is_set():
             raise RuntimeError("session is closed")
         base, shapes = self.engine.validator.validate(inputs)
         prepared = []
@@ -473,6 +482,40 @@ class Session:
                 view.copy_(t, non_blocking=True)
                 host[name] = view
         return host
+
+
+@contextlib.contextmanager
+def _every_lane(lanes: list[_Lane], free: queue.SimpleQueue, lock: threading.Lock) -> Iterator[list[_Lane]]:
+    """Hold every lane (calls in flight on other threads finish enqueuing first), then give them back.
+
+    One taker at a time: two takers each holding some lanes and waiting for the other's would wait forever.
+    """
+    with lock:
+        taken = [free.get() for _ in lanes]
+        try:
+            yield taken
+        finally:
+            for lane in taken:
+                free.put(lane)
+
+
+def _shut_down(
+    closed: threading.Event,
+    lanes: list[_Lane],
+    free: queue.SimpleQueue,
+    completers: list[Completer],
+    lock: threading.Lock,
+) -> None:
+    """What :meth:`Session.close` does, once (also for a session that is garbage): wait for calls in flight,
+    resolve every queued future, then synchronize each lane and free its arena."""
+    closed.set()  # a call that gets a lane after this refuses it (Session._acquire)
+    with _every_lane(lanes, free, lock) as taken:
+        for completer in completers:
+            completer.close()
+        for lane in taken:
+            lane.stream.synchronize()
+            lane.graph, lane.graph_io = None, None
+            lane.arena.release()
 
 
 __all__ = ["Session"]
