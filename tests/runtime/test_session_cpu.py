@@ -85,6 +85,14 @@ def test_outputs_into_caller_tensors():
         ({"y": torch.empty(4, 64, dtype=torch.float16)}, "output tensor 'y' is float16"),
         ({"y": torch.empty(64, 4).t()}, "'y' is not contiguous"),
         ({"q": torch.empty(4)}, r"unknown output name\(s\) \['q'\]"),
+        # a list's tensors were printed whole as unknown names; a NumPy array's dtype read "2"; names of
+        # two types were a TypeError from sorting them
+        ([torch.empty(4, 64)], r"outputs must be a dict of output name -> torch\.Tensor \(or None\), got"),
+        (
+            {"y": np.empty((4, 64), np.float32)},
+            r"output 'y' is a ndarray; .*pass a torch\.Tensor of float32\(4, 64\) on cpu",
+        ),
+        ({"q": torch.empty(4), 7: torch.empty(4)}, r"unknown output name\(s\) \[7, 'q'\]"),
     ],
 )
 def test_bad_caller_outputs_are_refused_before_enqueue(outputs, match):
@@ -103,6 +111,9 @@ def test_bad_caller_outputs_are_refused_before_enqueue(outputs, match):
         ({"x": torch.randn(4, 64).double()}, "dtype float64"),
         ({"x": torch.randn(4, 64, 1)}, "rank 3"),
         ({"w": torch.randn(4, 64)}, "missing input"),
+        # a TypeError from sorting names of two types; "has dtype float32, the engine expects float32"
+        ({1: torch.randn(4, 64), "y": torch.randn(4, 64)}, r"unknown input name\(s\) \[1, 'y'\]"),
+        ({"x": np.ones((4, 64), ">f4")}, r"float32 in non-native byte order \('>f4'\)"),
     ],
 )
 def test_bad_inputs_enqueue_nothing(inputs, match):

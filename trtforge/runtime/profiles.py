@@ -174,7 +174,7 @@ class InputValidator:
     def _raise_names(self, feeds: Mapping[str, Any]) -> None:
         given = set(feeds)
         missing = sorted(self._names - given)
-        extra = sorted(given - self._names)
+        extra = sorted(given - self._names, key=str)  # (keys of several types: {1: x, "y": x})
         for name in given & self._names:
             if feeds[name] is None:
                 missing.append(name)
@@ -182,7 +182,7 @@ class InputValidator:
         if missing:
             parts.append(f"missing input(s) {missing}")
         if extra:
-            parts.append(f"unknown input name(s) {extra}")
+            parts.append(f"unknown input name(s) {shown(extra)}")
         raise UserError(
             f"{self.engine}: {' and '.join(parts)}; the engine's inputs are "
             + ", ".join(f"'{s.name}' {s.dtype}{_fmt(s.shape)}" for s in self.inputs)
@@ -191,6 +191,14 @@ class InputValidator:
 
     def _raise_dtype(self, spec: IOSpec, t: Any) -> None:
         got = dtype_name(t.dtype) if isinstance(t.dtype, torch.dtype | np.dtype) else str(t.dtype)
+        # only the byte order differs ('>f4'): the message read "has dtype float32, expects float32"
+        native = t.dtype.newbyteorder("=") if isinstance(t.dtype, np.dtype) else None
+        if native is not None and native != t.dtype and native == spec.numpy_dtype:
+            raise UserError(
+                f"{self.engine}: input '{spec.name}' is a NumPy array of {got} in non-native byte order "
+                f"({t.dtype.str!r}); the engine reads {spec.dtype} in this machine's byte order. Convert it "
+                f"first: array.astype(numpy.{got})."
+            )
         hint = (
             "" if spec.numpy_dtype is not None else f" ({spec.dtype} has no NumPy dtype: pass a torch tensor)"
         )

@@ -412,10 +412,15 @@ class Session:
                 for spec, shape in zip(self.engine.outputs, out_shapes)
                 if spec.name not in self.engine.data_dependent
             }
+        if not isinstance(given, Mapping):  # (a list's tensors were printed whole as "unknown output names")
+            raise UserError(
+                f"{self.engine.label}: outputs must be a dict of output name -> torch.Tensor (or None), got "
+                f"{type(given).__name__}; the engine's outputs are {[o.name for o in self.engine.outputs]}."
+            )
         unknown = set(given) - {o.name for o in self.engine.outputs}
         if unknown:
             raise UserError(
-                f"{self.engine.label}: unknown output name(s) {sorted(unknown)}; outputs are "
+                f"{self.engine.label}: unknown output name(s) {shown(sorted(unknown, key=str))}; outputs are "
                 f"{[o.name for o in self.engine.outputs]}."
             )
         dds = sorted(set(given) & self.engine.data_dependent)
@@ -432,6 +437,12 @@ class Session:
             if t is None:
                 outputs[spec.name] = torch.empty(shape, dtype=spec.torch_dtype, device=dev)
                 continue
+            if not isinstance(t, torch.Tensor):  # (a NumPy array read as "output tensor 'y' is 2(4, 64)")
+                raise UserError(
+                    f"{self.engine.label}: output '{spec.name}' is a {type(t).__name__}; the engine writes "
+                    f"outputs in place, so pass a torch.Tensor of {spec.dtype}{shape} on {dev} (or none and "
+                    "use the returned one)."
+                )
             if t.dtype is not spec.torch_dtype or tuple(t.shape) != shape or t.device != dev:
                 raise UserError(
                     f"{self.engine.label}: output tensor '{spec.name}' is {str(t.dtype)[6:]}{tuple(t.shape)} "
