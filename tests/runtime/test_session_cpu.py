@@ -292,11 +292,21 @@ SESSION_API = {
         lambda eng, s: eng.session(device=[1]),
         r"device must be a string, torch\.device or GPU index, got list \[1\]",
     ),
-    "session(device='cuda:7')": (
-        lambda eng, s: eng.session(device="cuda:7"),
-        r"device 'cuda:7': this machine has \d usable CUDA device\(s\); pass a GPU it has\.",
-    ),
 }
+
+
+def test_session_on_a_gpu_this_machine_does_not_have(monkeypatch):
+    """device='cuda:7' on a one-GPU machine was a CUDA error at the first stream ("invalid device
+    ordinal"), naming no argument."""
+    eng, _ = _session(1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(
+        UserError, match=r"device 'cuda:7': this machine has 1 usable CUDA device\(s\); pass a GPU"
+    ):
+        eng.session(device="cuda:7")
+    with pytest.raises(UserError, match=r"device 'cuda:1': this machine has 1 usable CUDA device\(s\)"):
+        eng.session(device=1)
 
 
 @pytest.mark.parametrize("case", list(SESSION_API))

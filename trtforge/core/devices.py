@@ -14,12 +14,21 @@ from trtforge.errors import SHOWN_CHARS, UserError, shown
 
 
 def resolve_device(
-    device: Any, what: str, *, kinds: tuple[str, ...], runs_on: str, expected: str, ints: bool = False
+    device: Any,
+    what: str,
+    *,
+    kinds: tuple[str, ...],
+    runs_on: str,
+    expected: str,
+    ints: bool = False,
+    no_gpu_later: bool = False,
 ) -> Any:
     """`device` (a str or torch.device; an int N = cuda:N where `ints`) as a torch.device whose type is
     one of `kinds` and, for CUDA, whose index this machine has; UserError naming `what` otherwise.
 
     `runs_on` says what runs there ("a session runs on cuda"), `expected` what to pass instead.
+    `no_gpu_later`: on a machine with no CUDA device at all, the index is not refused here: the caller's
+    own gate says why nothing can run (TensorRT's "cannot run engines here: no CUDA driver").
     """
     import torch
 
@@ -41,7 +50,7 @@ def resolve_device(
     if kind.type not in kinds:
         raise UserError(f"{what} {shown(str(device))}: {runs_on}; {expected}.")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if kind.type == "cuda" and (kind.index or 0) >= gpus:
+    if kind.type == "cuda" and (kind.index or 0) >= gpus and not (no_gpu_later and gpus == 0):
         raise UserError(
             f"{what} {shown(str(device))}: this machine has {gpus} usable CUDA device(s); pass "
             + ("'cpu' or a GPU it has." if "cpu" in kinds else "a GPU it has.")

@@ -155,7 +155,7 @@ Device = CudaDevice | HostDevice
 def make_device(device: str | int | torch.device | None, what: str = "device") -> Device:
     """'cuda', 'cuda:1', 1, torch.device or None (-> cuda:0) -> CudaDevice; 'cpu' -> HostDevice (tests).
 
-    Anything else, or a GPU this machine does not have, is a UserError naming `what`
+    Anything else, or a GPU index this machine does not have, is a UserError naming `what`
     (:func:`trtforge.core.devices.resolve_device`), before any stream or context is made.
     """
     from trtforge.core.devices import resolve_device
@@ -171,6 +171,7 @@ def make_device(device: str | int | torch.device | None, what: str = "device") -
         runs_on="an engine runs on a CUDA device",
         expected="expected 'cuda', 'cuda:N' or a GPU index N",
         ints=True,
+        no_gpu_later=True,  # (load() refused first: a TensorRT engine cannot run on no GPU)
     )
     return CudaDevice(0 if d.index is None else d.index)
 
