@@ -139,6 +139,11 @@ def load(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Engi
     `manifest`: `path`'s manifest when the caller has read it already (read_manifest), so it is read once.
     """
     path = as_input_path(path, "the engine")
+    if manifest is not None and not isinstance(manifest, Manifest):  # (was an AttributeError deep inside)
+        raise UserError(
+            "load(manifest=...) must be the engine's Manifest (trtforge.core.manifest.read_manifest) or "
+            f"None, got {type(manifest).__name__}."
+        )
     label = f"engine '{path}'"
     manifest = read_manifest(path) if manifest is None else manifest
     data = verify_engine_file(path, manifest)
