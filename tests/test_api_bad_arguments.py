@@ -178,6 +178,50 @@ def test_bytes_model_path_compiles(tmp_path) -> None:
     assert result is not None
 
 
+EXPORT_ARGS = {
+    # each was a TypeError/AttributeError from inside the exporter's argument handling, or (output_names=[1])
+    # an ExportError after both exporters failed on it
+    "dynamic=5": ({"dynamic": 5}, r"--dynamic \(dynamic\) must be dim names per axis .*got int 5"),
+    "dynamic={'input': 5}": (
+        {"dynamic": {"input": 5}},
+        r"dynamic axes of input 'input' must be \{axis: dim name\}.*got int 5",
+    ),
+    "opset='17'": ({"opset": "17"}, r"--opset \(opset\) must be an integer or None, got str '17'"),
+    "output_names=[1]": ({"output_names": [1]}, r"output_names\) must be names \(strings\), got int 1"),
+    "output_names=5": ({"output_names": 5}, r"output_names\) must be a list of names, got int 5"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPORT_ARGS))
+def test_export_option_kinds_are_user_errors(case, tmp_path) -> None:
+    import torch
+
+    import trtforge
+
+    options, message = EXPORT_ARGS[case]
+    with pytest.raises(UserError, match=message):
+        trtforge.compile(torch.nn.Linear(4, 3), torch.zeros(2, 4), tmp_path / "m.engine", **options)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_one_output_name_as_a_str(tmp_path) -> None:
+    """output_names='logits' names the one output (it was read letter by letter: "3 name(s) ['l', 'o', ...]
+    given for a model with 1 output"); dynamic={'input': 'batch'} names axis 0 of that input."""
+    import torch
+
+    import trtforge
+
+    result = trtforge.compile(
+        torch.nn.Linear(4, 3),
+        torch.zeros(2, 4),
+        tmp_path / "m.engine",
+        output_names="logits",
+        dynamic={"input": "batch"},
+    )
+    assert [t.name for t in result.manifest.outputs] == ["logits"]
+    assert result.manifest.inputs[0].shape == [-1, 4]
+
+
 REPORT_ARGS = {
     # each was a TypeError from a comparison or loop deep inside, or (targets="ort") target 'o'
     "batch_sizes='1'": (
