@@ -428,3 +428,13 @@ def test_trim_from_several_threads_at_once():
         t.join(timeout=10)
     assert not any(t.is_alive() for t in threads), "trim() deadlocked"
     torch.testing.assert_close(s.run({"x": torch.ones(2, 64)})["y"], torch.full((2, 64), 3.0))
+
+
+def test_device_memory_for_profile_takes_a_base_profile_index():
+    """An index past the base profiles was passed to the engine unchecked (here: copy 1's profile, read as
+    if it were a base profile; TensorRT is not asked about an index it may not have)."""
+    eng = load_standin(standin_manifest(streams=2), device="cpu")
+    assert eng.device_memory_for_profile(0) == 32 * 64 * 4
+    for bad in (1, -1, "0", True):
+        with pytest.raises(UserError, match=r"base_index is a base profile, an integer 0\.\.0"):
+            eng.device_memory_for_profile(bad)

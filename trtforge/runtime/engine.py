@@ -15,7 +15,7 @@ from typing import Any
 
 from trtforge._fileio import as_input_path
 from trtforge.core.manifest import Manifest, ShapeRange, read_manifest, verify_engine_file
-from trtforge.errors import BackendUnavailableError, UserError, checked_call
+from trtforge.errors import BackendUnavailableError, UserError, checked_call, shown
 from trtforge.runtime.compat import check_backend_compat, register_required_plugins
 from trtforge.runtime.profiles import InputValidator, IOSpec, ProfileLayout
 from trtforge.runtime.protocol import EngineHandle
@@ -63,6 +63,13 @@ class Engine:
 
     def device_memory_for_profile(self, base_index: int = 0) -> int:
         """Device memory (bytes) one context needs at the largest shapes of base profile `base_index`."""
+        k = self.layout.per_copy
+        if isinstance(base_index, bool) or not isinstance(base_index, int) or not 0 <= base_index < k:
+            # (an index past the profiles reached TensorRT's getDeviceMemorySizeForProfile unchecked)
+            raise UserError(
+                f"{self.label}: device_memory_for_profile({shown(base_index)}): base_index is a base "
+                f"profile, an integer 0..{k - 1} (this engine has {k} per stream copy)."
+            )
         return int(self.handle.device_memory_size_for_profile(self.layout.profile_index(0, base_index)))
 
     def describe(self) -> dict[str, Any]:
