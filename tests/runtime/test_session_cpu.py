@@ -438,3 +438,45 @@ def test_device_memory_for_profile_takes_a_base_profile_index():
     for bad in (1, -1, "0", True):
         with pytest.raises(UserError, match=r"base_index is a base profile, an integer 0\.\.0"):
             eng.device_memory_for_profile(bad)
+
+
+def test_an_interrupted_trim_gives_back_the_lanes_it_took():
+    """A Ctrl-C while trim() waited for a busy lane lost the lanes it had taken already: later calls
+    waited for them forever."""
+    import signal
+
+    eng = load_standin(standin_manifest(streams=2), device="cpu", work="none")
+    s = eng.session(streams=2)
+    s.run({"x": torch.randn(2, 64)})
+    entered, release = threading.Event(), threading.Event()
+    for ctx in eng.handle.contexts:
+        plain = ctx.execute_async
+
+        def slow(stream, plain=plain):
+            entered.set()
+            release.wait(5)
+            return plain(stream)
+
+        ctx.execute_async = slow
+    runner = threading.Thread(target=lambda: s.run({"x": torch.randn(2, 64)}))
+    runner.start()
+    assert entered.wait(5)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            s.trim()  # takes the free lane, then waits for the busy one
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        release.set()
+        runner.join(5)
+    given_back = s._free.qsize()
+    if given_back != 2:
+        s._finalizer.detach()  # (closing would wait for the lost lane forever)
+    assert given_back == 2, "a lane taken by the interrupted trim() was never given back"
+    s.close()

@@ -502,8 +502,10 @@ def _every_lane(lanes: list[_Lane], free: queue.SimpleQueue, lock: threading.Loc
     One taker at a time: two takers each holding some lanes and waiting for the other's would wait forever.
     """
     with lock:
-        taken = [free.get() for _ in lanes]
+        taken: list[_Lane] = []
         try:
+            for _ in lanes:  # one by one: a Ctrl-C while waiting for the next gives back those taken
+                taken.append(free.get())
             yield taken
         finally:
             for lane in taken:
