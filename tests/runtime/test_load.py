@@ -153,3 +153,17 @@ def test_load_refuses_a_manifest_argument_of_the_wrong_kind(tmp_path):
     p = _write(tmp_path)
     with pytest.raises(UserError, match=r"load\(manifest=\.\.\.\) must be the engine's Manifest .*got dict"):
         load(p, manifest={"engine_bytes": 1})
+
+
+def test_io_dtype_the_runtime_cannot_bind_is_refused_before_backend_work(tmp_path, fake_backend):
+    """The manifest admits int4 / float4_e2m1 I/O, which no torch dtype binds: it was a ValueError from
+    building the Engine, after the engine was deserialized."""
+    from trtforge.core.manifest import read_manifest
+
+    p = _write(tmp_path)
+    m = read_manifest(p)
+    m.outputs[1].dtype = "int4"
+    write_manifest(m, p)
+    fake_backend["backend"] = None  # would crash if reached
+    with pytest.raises(UserError, match=r"I/O tensor s: dtype 'int4' has no torch equivalent.*cannot run"):
+        load(p)

@@ -41,8 +41,7 @@ class Engine:
         self.label = label
         self.host_capable = host_capable
         self.layout = ProfileLayout.from_manifest(manifest, where=label)
-        self.inputs = tuple(IOSpec.from_tensor_spec(t) for t in manifest.inputs)
-        self.outputs = tuple(IOSpec.from_tensor_spec(t) for t in manifest.outputs)
+        self.inputs, self.outputs = _io_specs(manifest, label)
         self.data_dependent = frozenset(getattr(handle, "data_dependent_outputs", ()))
         self.validator = InputValidator(self.inputs, self.layout, engine=label)
 
@@ -126,6 +125,22 @@ class Engine:
         )
 
 
+def _io_specs(manifest: Manifest, label: str) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
+    """The manifest's inputs and outputs as IOSpecs; UserError for a dtype the runtime cannot bind (the
+    manifest admits int4 and float4_e2m1, which have no torch dtype: it was a ValueError after
+    deserializing)."""
+    try:
+        return (
+            tuple(IOSpec.from_tensor_spec(t) for t in manifest.inputs),
+            tuple(IOSpec.from_tensor_spec(t) for t in manifest.outputs),
+        )
+    except ValueError as e:
+        raise UserError(
+            f"{label}: I/O tensor {e}. The runtime binds I/O through torch tensors, so it cannot run this "
+            "engine; rebuild it with I/O of one of those dtypes."
+        ) from None
+
+
 def _backend_for(manifest: Manifest, label: str) -> Any:
     from trtforge.core.backend import get_backend
 
@@ -155,6 +170,7 @@ def load(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Engi
     manifest = read_manifest(path) if manifest is None else manifest
     data = verify_engine_file(path, manifest)
     ProfileLayout.from_manifest(manifest, where=label)
+    _io_specs(manifest, label)  # before any backend work
     backend = _backend_for(manifest, label)
     check_backend_compat(
         manifest.backend,
