@@ -42,8 +42,20 @@ def _calibrate_model_list(d):
     calibrate_model([1, 2], None)
 
 
+def _compile_output(output):
+    def run(d):
+        import trtforge
+
+        trtforge.compile(str(tiny_onnx(d / "m.onnx")), None, output)
+
+    return run
+
+
 CASES = {
     "compile(output=5)": (_compile_output_int, r"output \(the engine path\) must be a path .*got int 5"),
+    # both were ValueError: PosixPath('.') has an empty name (settling a publish left at a nameless path)
+    "compile(output='')": (_compile_output(""), r"output engine: the path is empty; expected a file name"),
+    "compile(output='.')": (_compile_output("."), r"output engine '\.' is a directory; expected a file path"),
     "runtime.load(None)": (_rt_load_none, r"the engine must be a path .*got NoneType"),
     "llm.load(None)": (_llm_load_none, r"the model to load must be a path .*got NoneType"),
     "build_report(out_dir=5)": (_report_out_dir_int, r"out_dir \(the report directory\) must be a path"),
@@ -166,6 +178,20 @@ def test_misspelled_options_and_wrong_models_are_user_errors(case, tmp_path) -> 
     with pytest.raises(UserError, match=message):
         fn(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["m.onnx"])
+
+
+def test_numpy_integer_streams_compiles(tmp_path) -> None:
+    """streams=np.int64(2) passed every check, built the engine, then failed writing the manifest
+    ("Object of type int64 is not JSON serializable"): nothing written after the whole build."""
+    import numpy as np
+
+    import trtforge
+
+    result = trtforge.compile(
+        str(tiny_onnx(tmp_path / "m.onnx")), output=tmp_path / "m.engine", streams=np.int64(2)
+    )
+    assert result.manifest.streams == 2 and type(result.manifest.streams) is int
+    assert (tmp_path / "m.engine.json").is_file()
 
 
 def test_bytes_model_path_compiles(tmp_path) -> None:

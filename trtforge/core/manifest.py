@@ -383,6 +383,8 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
     """Settle the staged files of dead publishers of `engine_path`: finish a committed publish whose
     engine matches its record, delete everything else (see the module doc). Live publishers are left be."""
     out = Path(engine_path)
+    if not out.name:  # '', '.', '/': no file is published there (it was temp_name's ValueError)
+        return
     parent = out.parent if str(out.parent) else Path(".")
     prefix = temp_name(out, "").name
     try:
