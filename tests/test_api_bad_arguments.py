@@ -248,6 +248,19 @@ def test_one_output_name_as_a_str(tmp_path) -> None:
     assert result.manifest.inputs[0].shape == [-1, 4]
 
 
+def test_numpy_integer_opset(tmp_path) -> None:
+    """opset=np.int64(17) was refused as "--opset (opset) must be an integer or None, got int64 17"."""
+    import numpy as np
+    import torch
+
+    import trtforge
+
+    result = trtforge.compile(
+        torch.nn.Linear(4, 3), torch.zeros(2, 4), tmp_path / "m.engine", opset=np.int64(17)
+    )
+    assert result.manifest.source["opset"] == 17
+
+
 REPORT_ARGS = {
     # each was a TypeError from a comparison or loop deep inside, or (targets="ort") target 'o'
     "batch_sizes='1'": (

@@ -12,6 +12,7 @@ import functools
 import inspect
 import io
 import logging
+import numbers
 import os
 import re
 import time
@@ -316,7 +317,7 @@ def export_module(
         raise UserError(f"expected a torch.nn.Module to export, got {type(module).__name__}.")
     if exporter not in ("auto", "dynamo", "legacy"):
         raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
-    check_opset(opset)
+    opset = check_opset(opset)
     feeds = normalize_inputs(module, example_inputs)
     _check_exportable(module, feeds)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
@@ -518,14 +519,16 @@ def _check_outputs(module: Any, reference: list[Any], names: list[str]) -> None:
         )
 
 
-def check_opset(opset: int | None) -> None:
-    """--opset within what the installed onnx knows (the exporters would otherwise ignore it quietly)."""
+def check_opset(opset: Any) -> int | None:
+    """--opset within what the installed onnx knows (the exporters would otherwise ignore it quietly), as
+    an int (a NumPy integer too)."""
     if opset is None:
-        return
-    if isinstance(opset, bool) or not isinstance(opset, int):  # ('17' was a TypeError from a comparison)
+        return None
+    if isinstance(opset, bool) or not isinstance(opset, numbers.Integral):  # ('17': a comparison's TypeError)
         raise UserError(
             f"--opset (opset) must be an integer or None, got {type(opset).__name__} {shown(opset)}."
         )
+    opset = int(opset)
     import onnx
 
     newest = onnx.defs.onnx_opset_version()
@@ -533,6 +536,7 @@ def check_opset(opset: int | None) -> None:
         raise UserError(
             f"--opset {opset} is out of range: this onnx {onnx.__version__} knows opsets 7..{newest}."
         )
+    return opset
 
 
 def check_forward(module: Any, example_inputs: Any) -> list[Any]:
