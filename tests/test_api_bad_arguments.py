@@ -42,8 +42,20 @@ def _calibrate_model_list(d):
     calibrate_model([1, 2], None)
 
 
+def _compile_output(output):
+    def run(d):
+        import trtforge
+
+        trtforge.compile(str(tiny_onnx(d / "m.onnx")), None, output)
+
+    return run
+
+
 CASES = {
     "compile(output=5)": (_compile_output_int, r"output \(the engine path\) must be a path .*got int 5"),
+    # both were ValueError: PosixPath('.') has an empty name (settling a publish left at a nameless path)
+    "compile(output='')": (_compile_output(""), r"output engine: the path is empty; expected a file name"),
+    "compile(output='.')": (_compile_output("."), r"output engine '\.' is a directory; expected a file path"),
     "runtime.load(None)": (_rt_load_none, r"the engine must be a path .*got NoneType"),
     "llm.load(None)": (_llm_load_none, r"the model to load must be a path .*got NoneType"),
     "build_report(out_dir=5)": (_report_out_dir_int, r"out_dir \(the report directory\) must be a path"),
@@ -168,6 +180,20 @@ def test_misspelled_options_and_wrong_models_are_user_errors(case, tmp_path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["m.onnx"])
 
 
+def test_numpy_integer_streams_compiles(tmp_path) -> None:
+    """streams=np.int64(2) passed every check, built the engine, then failed writing the manifest
+    ("Object of type int64 is not JSON serializable"): nothing written after the whole build."""
+    import numpy as np
+
+    import trtforge
+
+    result = trtforge.compile(
+        str(tiny_onnx(tmp_path / "m.onnx")), output=tmp_path / "m.engine", streams=np.int64(2)
+    )
+    assert result.manifest.streams == 2 and type(result.manifest.streams) is int
+    assert (tmp_path / "m.engine.json").is_file()
+
+
 def test_bytes_model_path_compiles(tmp_path) -> None:
     """A bytes path (as os functions take) is a path; it read as a module needing example_inputs."""
     import trtforge
@@ -176,6 +202,63 @@ def test_bytes_model_path_compiles(tmp_path) -> None:
     result = trtforge.compile(bytes(model), output=tmp_path / "m.engine")
     assert (tmp_path / "m.engine").is_file() and (tmp_path / "m.engine.json").is_file()
     assert result is not None
+
+
+EXPORT_ARGS = {
+    # each was a TypeError/AttributeError from inside the exporter's argument handling, or (output_names=[1])
+    # an ExportError after both exporters failed on it
+    "dynamic=5": ({"dynamic": 5}, r"--dynamic \(dynamic\) must be dim names per axis .*got int 5"),
+    "dynamic={'input': 5}": (
+        {"dynamic": {"input": 5}},
+        r"dynamic axes of input 'input' must be \{axis: dim name\}.*got int 5",
+    ),
+    "opset='17'": ({"opset": "17"}, r"--opset \(opset\) must be an integer or None, got str '17'"),
+    "output_names=[1]": ({"output_names": [1]}, r"output_names\) must be names \(strings\), got int 1"),
+    "output_names=5": ({"output_names": 5}, r"output_names\) must be a list of names, got int 5"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPORT_ARGS))
+def test_export_option_kinds_are_user_errors(case, tmp_path) -> None:
+    import torch
+
+    import trtforge
+
+    options, message = EXPORT_ARGS[case]
+    with pytest.raises(UserError, match=message):
+        trtforge.compile(torch.nn.Linear(4, 3), torch.zeros(2, 4), tmp_path / "m.engine", **options)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_one_output_name_as_a_str(tmp_path) -> None:
+    """output_names='logits' names the one output (it was read letter by letter: "3 name(s) ['l', 'o', ...]
+    given for a model with 1 output"); dynamic={'input': 'batch'} names axis 0 of that input."""
+    import torch
+
+    import trtforge
+
+    result = trtforge.compile(
+        torch.nn.Linear(4, 3),
+        torch.zeros(2, 4),
+        tmp_path / "m.engine",
+        output_names="logits",
+        dynamic={"input": "batch"},
+    )
+    assert [t.name for t in result.manifest.outputs] == ["logits"]
+    assert result.manifest.inputs[0].shape == [-1, 4]
+
+
+def test_numpy_integer_opset(tmp_path) -> None:
+    """opset=np.int64(17) was refused as "--opset (opset) must be an integer or None, got int64 17"."""
+    import numpy as np
+    import torch
+
+    import trtforge
+
+    result = trtforge.compile(
+        torch.nn.Linear(4, 3), torch.zeros(2, 4), tmp_path / "m.engine", opset=np.int64(17)
+    )
+    assert result.manifest.source["opset"] == 17
 
 
 REPORT_ARGS = {

@@ -124,3 +124,46 @@ def test_checks_pass_then_deserializes_through_the_adapter(tmp_path, fake_backen
     assert d["device_memory_per_profile"] == [1000] and d["streams"] == 2
     with pytest.raises(UserError, match="--streams 3"):
         eng.session(streams=3)
+
+
+def test_a_directory_is_not_an_engine(tmp_path):
+    """load(DIR) and load(x.engine/) read as "has no manifest 'DIR.json'", as if the file were fine."""
+    (tmp_path / "x.engine").mkdir()
+    for path in (tmp_path, tmp_path / "x.engine"):
+        with pytest.raises(UserError, match=r"engine '.*' is a directory; expected an engine file"):
+            load(path)
+
+
+def test_the_manifest_given_instead_of_the_engine(tmp_path):
+    """load('m.engine.json') said the engine had no manifest 'm.engine.json.json'."""
+    p = _write(tmp_path)
+    with pytest.raises(UserError, match=r"m\.engine\.json' is an engine's manifest; give the engine '"):
+        load(p.with_name("m.engine.json"))
+
+
+def test_a_manifest_that_is_a_directory(tmp_path):
+    (tmp_path / "m.engine").write_bytes(DATA)
+    (tmp_path / "m.engine.json").mkdir()
+    with pytest.raises(UserError, match=r"manifest '.*m\.engine\.json' of engine '.*' is a directory"):
+        load(tmp_path / "m.engine")
+
+
+def test_load_refuses_a_manifest_argument_of_the_wrong_kind(tmp_path):
+    """load(path, manifest={...}) was AttributeError: 'dict' object has no attribute 'engine_bytes'."""
+    p = _write(tmp_path)
+    with pytest.raises(UserError, match=r"load\(manifest=\.\.\.\) must be the engine's Manifest .*got dict"):
+        load(p, manifest={"engine_bytes": 1})
+
+
+def test_io_dtype_the_runtime_cannot_bind_is_refused_before_backend_work(tmp_path, fake_backend):
+    """The manifest admits int4 / float4_e2m1 I/O, which no torch dtype binds: it was a ValueError from
+    building the Engine, after the engine was deserialized."""
+    from trtforge.core.manifest import read_manifest
+
+    p = _write(tmp_path)
+    m = read_manifest(p)
+    m.outputs[1].dtype = "int4"
+    write_manifest(m, p)
+    fake_backend["backend"] = None  # would crash if reached
+    with pytest.raises(UserError, match=r"I/O tensor s: dtype 'int4' has no torch equivalent.*cannot run"):
+        load(p)

@@ -6,6 +6,9 @@ The same code runs on CUDA in test_session_gpu.py; here streams are no-ops and w
 from __future__ import annotations
 
 import concurrent.futures
+import gc
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -82,6 +85,14 @@ def test_outputs_into_caller_tensors():
         ({"y": torch.empty(4, 64, dtype=torch.float16)}, "output tensor 'y' is float16"),
         ({"y": torch.empty(64, 4).t()}, "'y' is not contiguous"),
         ({"q": torch.empty(4)}, r"unknown output name\(s\) \['q'\]"),
+        # a list's tensors were printed whole as unknown names; a NumPy array's dtype read "2"; names of
+        # two types were a TypeError from sorting them
+        ([torch.empty(4, 64)], r"outputs must be a dict of output name -> torch\.Tensor \(or None\), got"),
+        (
+            {"y": np.empty((4, 64), np.float32)},
+            r"output 'y' is a ndarray; .*pass a torch\.Tensor of float32\(4, 64\) on cpu",
+        ),
+        ({"q": torch.empty(4), 7: torch.empty(4)}, r"unknown output name\(s\) \[7, 'q'\]"),
     ],
 )
 def test_bad_caller_outputs_are_refused_before_enqueue(outputs, match):
@@ -100,6 +111,9 @@ def test_bad_caller_outputs_are_refused_before_enqueue(outputs, match):
         ({"x": torch.randn(4, 64).double()}, "dtype float64"),
         ({"x": torch.randn(4, 64, 1)}, "rank 3"),
         ({"w": torch.randn(4, 64)}, "missing input"),
+        # a TypeError from sorting names of two types; "has dtype float32, the engine expects float32"
+        ({1: torch.randn(4, 64), "y": torch.randn(4, 64)}, r"unknown input name\(s\) \[1, 'y'\]"),
+        ({"x": np.ones((4, 64), ">f4")}, r"float32 in non-native byte order \('>f4'\)"),
     ],
 )
 def test_bad_inputs_enqueue_nothing(inputs, match):
@@ -243,7 +257,56 @@ SESSION_API = {
     ),
     "memory_needed(5)": (lambda eng, s: s.memory_needed(5), r"inputs must be a dict .*got int"),
     "trim('1')": (lambda eng, s: s.trim("1"), r"trim\(keep='1'\): keep is a number of bytes"),
+    # each was read as true (bool("no")), taken as none or truncated, or int()'s / a comparison's error
+    "session(cuda_graphs='no')": (
+        lambda eng, s: eng.session(cuda_graphs="no"),
+        r"session\(cuda_graphs='no'\): cuda_graphs must be True or False",
+    ),
+    "session(torch_allocator='no')": (
+        lambda eng, s: eng.session(torch_allocator="no"),
+        r"session\(torch_allocator='no'\): torch_allocator must be True or False",
+    ),
+    "session(aux_streams=-1)": (
+        lambda eng, s: eng.session(aux_streams=-1),
+        r"session\(aux_streams=-1\): auxiliary streams per lane, an integer >= 0",
+    ),
+    "session(aux_streams='two')": (
+        lambda eng, s: eng.session(aux_streams="two"),
+        r"session\(aux_streams='two'\): auxiliary streams per lane, an integer >= 0",
+    ),
+    "session(graph_warmup='1')": (
+        lambda eng, s: eng.session(graph_warmup="1"),
+        r"session\(graph_warmup='1'\): an integer >= 1",
+    ),
+    # each was torch's RuntimeError/TypeError naming no argument, or (cuda:7) a CUDA error at the first stream
+    "session(device='gpu')": (
+        lambda eng, s: eng.session(device="gpu"),
+        r"device 'gpu': Expected one of cpu, cuda.*; expected 'cuda', 'cuda:N' or a GPU index N",
+    ),
+    "session(device='mps')": (
+        lambda eng, s: eng.session(device="mps"),
+        r"device 'mps': an engine runs on a CUDA device",
+    ),
+    "session(device=-1)": (lambda eng, s: eng.session(device=-1), r"device -1: a GPU index is >= 0"),
+    "session(device=[1])": (
+        lambda eng, s: eng.session(device=[1]),
+        r"device must be a string, torch\.device or GPU index, got list \[1\]",
+    ),
 }
+
+
+def test_session_on_a_gpu_this_machine_does_not_have(monkeypatch):
+    """device='cuda:7' on a one-GPU machine was a CUDA error at the first stream ("invalid device
+    ordinal"), naming no argument."""
+    eng, _ = _session(1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(
+        UserError, match=r"device 'cuda:7': this machine has 1 usable CUDA device\(s\); pass a GPU"
+    ):
+        eng.session(device="cuda:7")
+    with pytest.raises(UserError, match=r"device 'cuda:1': this machine has 1 usable CUDA device\(s\)"):
+        eng.session(device=1)
 
 
 @pytest.mark.parametrize("case", list(SESSION_API))
@@ -253,3 +316,167 @@ def test_session_api_misuse_is_a_user_error_naming_the_argument(case):
     with pytest.raises(UserError, match=message):
         fn(eng, s)
     torch.testing.assert_close(s.run({"x": torch.ones(2, 64)})["y"], torch.full((2, 64), 3.0))
+
+
+def test_session_takes_a_numpy_integer_stream_count():
+    """streams=np.int64(2) (a count read from an array or a config) was refused as "session(streams=2):
+    streams must be an integer >= 1"."""
+    eng = load_standin(standin_manifest(streams=2), device="cpu")
+    s = eng.session(streams=np.int64(2), aux_streams=np.int32(0), graph_warmup=np.int64(1))
+    assert s.streams == 2 and type(s.streams) is int
+    torch.testing.assert_close(s.run({"x": torch.ones(2, 64)})["y"], torch.full((2, 64), 3.0))
+
+
+def test_a_session_dropped_unclosed_finishes_its_work_and_frees_its_lanes():
+    """A session that is garbage with futures pending resolves them, then frees its arenas and stops its
+    waiter threads; its arenas (raw caching-allocator blocks on a GPU) and threads lived on before, so a
+    session opened per request leaked both."""
+    eng = load_standin(standin_manifest(streams=2), device="cpu")
+    s = eng.session(streams=2)
+    xs = [torch.randn(3, 64) for _ in range(6)]
+    futures = [s.submit({"x": x}) for x in xs]
+    lanes, threads = s._lanes, [c._thread for c in s._completers]
+    assert all(t is not None for t in threads)
+    del s
+    gc.collect()
+    for future, x in zip(futures, xs):
+        torch.testing.assert_close(future.result(timeout=5)["y"], x * 2 + 1)
+    for t in threads:
+        t.join(timeout=5)
+    assert [t.is_alive() for t in threads] == [False, False]
+    assert [lane.arena.capacity for lane in lanes] == [0, 0]
+
+
+def test_close_waits_for_a_call_in_flight_on_another_thread():
+    """close() freed each lane's memory at once, under an enqueue another thread had in progress (on a GPU:
+    device memory handed back to the allocator while the engine used it). It now waits for that call."""
+    eng = load_standin(standin_manifest(), device="cpu", work="none")
+    s = eng.session(streams=1)
+    s.run({"x": torch.randn(2, 64)})
+    ctx = eng.handle.contexts[0]
+    entered, release, plain = threading.Event(), threading.Event(), ctx.execute_async
+
+    def slow(stream):
+        entered.set()
+        release.wait(5)
+        return plain(stream)
+
+    ctx.execute_async = slow
+    results = []
+    runner = threading.Thread(target=lambda: results.append(s.run({"x": torch.randn(2, 64)})))
+    runner.start()
+    assert entered.wait(5)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    closer.join(0.3)
+    try:
+        assert closer.is_alive(), "close() returned while a call was enqueuing"
+        assert s._lanes[0].arena.capacity > 0
+    finally:
+        release.set()
+        runner.join(5)
+        closer.join(5)
+    assert not closer.is_alive() and len(results) == 1
+    assert s._lanes[0].arena.capacity == 0
+    with pytest.raises(RuntimeError, match="session is closed"):
+        s.run({"x": torch.randn(2, 64)})
+
+
+def test_close_from_a_future_callback():
+    """close() inside a done-callback (it runs on the lane's waiter thread) raised "cannot join current
+    thread", which concurrent.futures swallows: the lanes were never freed."""
+    _, s = _session(1)
+    finished = threading.Event()
+
+    def close_then_note(_future):
+        try:
+            s.close()
+        finally:
+            finished.set()
+
+    future = s.submit({"x": torch.ones(2, 64)})
+    future.add_done_callback(close_then_note)
+    assert finished.wait(5)
+    torch.testing.assert_close(future.result()["y"], torch.full((2, 64), 3.0))
+    assert s._lanes[0].arena.capacity == 0
+    with pytest.raises(RuntimeError, match="session is closed"):
+        s.submit({"x": torch.ones(2, 64)})
+
+
+def test_trim_from_several_threads_at_once():
+    """Two trim() calls each took some lanes and waited for the other's forever (a thread switch between
+    taking one lane and the next, made certain here by a pause after each lane is taken)."""
+    _, s = _session(2)
+    s.run({"x": torch.randn(2, 64)})
+    plain = s._acquire
+
+    def slow_acquire():
+        lane = plain()
+        time.sleep(0.05)
+        return lane
+
+    s._acquire = slow_acquire
+
+    def trims():
+        for _ in range(3):
+            s.trim()
+
+    threads = [threading.Thread(target=trims, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads), "trim() deadlocked"
+    torch.testing.assert_close(s.run({"x": torch.ones(2, 64)})["y"], torch.full((2, 64), 3.0))
+
+
+def test_device_memory_for_profile_takes_a_base_profile_index():
+    """An index past the base profiles was passed to the engine unchecked (here: copy 1's profile, read as
+    if it were a base profile; TensorRT is not asked about an index it may not have)."""
+    eng = load_standin(standin_manifest(streams=2), device="cpu")
+    assert eng.device_memory_for_profile(0) == 32 * 64 * 4
+    for bad in (1, -1, "0", True):
+        with pytest.raises(UserError, match=r"base_index is a base profile, an integer 0\.\.0"):
+            eng.device_memory_for_profile(bad)
+
+
+def test_an_interrupted_trim_gives_back_the_lanes_it_took():
+    """A Ctrl-C while trim() waited for a busy lane lost the lanes it had taken already: later calls
+    waited for them forever."""
+    import signal
+
+    eng = load_standin(standin_manifest(streams=2), device="cpu", work="none")
+    s = eng.session(streams=2)
+    s.run({"x": torch.randn(2, 64)})
+    entered, release = threading.Event(), threading.Event()
+    for ctx in eng.handle.contexts:
+        plain = ctx.execute_async
+
+        def slow(stream, plain=plain):
+            entered.set()
+            release.wait(5)
+            return plain(stream)
+
+        ctx.execute_async = slow
+    runner = threading.Thread(target=lambda: s.run({"x": torch.randn(2, 64)}))
+    runner.start()
+    assert entered.wait(5)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            s.trim()  # takes the free lane, then waits for the busy one
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        release.set()
+        runner.join(5)
+    given_back = s._free.qsize()
+    if given_back != 2:
+        s._finalizer.detach()  # (closing would wait for the lost lane forever)
+    assert given_back == 2, "a lane taken by the interrupted trim() was never given back"
+    s.close()

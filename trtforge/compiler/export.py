@@ -12,6 +12,7 @@ import functools
 import inspect
 import io
 import logging
+import numbers
 import os
 import re
 import time
@@ -23,7 +24,7 @@ from typing import Any, NoReturn
 
 from trtforge._usercode import eval_mode, raised_by_trtforge, user_code
 from trtforge.core import onnx_io
-from trtforge.errors import ExportError, ModelNotExportable, UserError
+from trtforge.errors import ExportError, ModelNotExportable, UserError, shown
 
 # A dynamic-axes spec: None (static), "batch", "batch,seq" (dim 0 / dims 0,1 of every input; an empty
 # entry keeps its axis static: "batch,,height,width"), or
@@ -115,6 +116,11 @@ def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, d
     """Expand a dynamic-axes spec into {input: {axis: dim_name}}, validating names and axes."""
     if spec is None:
         return {}
+    if not isinstance(spec, str | Sequence | Mapping):  # (5 was "'int' object has no attribute 'items'")
+        raise UserError(
+            f"--dynamic (dynamic) must be dim names per axis ('batch,seq' or a list) or a dict of input name "
+            f"-> {{axis: dim name}}, got {type(spec).__name__} {shown(spec)}."
+        )
     if isinstance(spec, str) or (isinstance(spec, Sequence) and all(isinstance(s, str) for s in spec)):
         # positional: an empty entry keeps that axis static ("batch,,height,width": NCHW, C fixed)
         names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
@@ -135,6 +141,13 @@ def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, d
         if name not in inputs:
             raise UserError(f"dynamic axes name input '{name}', but the inputs are {sorted(inputs)}.")
         rank = inputs[name].dim()
+        if isinstance(axes, str):  # 'batch,seq' for this input (it was read letter by letter: b, a, t, ...)
+            axes = [a.strip() or None for a in axes.split(",")]
+        elif not isinstance(axes, Mapping | Sequence):  # (5 was "'int' object is not iterable")
+            raise UserError(
+                f"dynamic axes of input '{name}' must be {{axis: dim name}}, a list of dim names per axis or "
+                f"'batch,seq', got {type(axes).__name__} {shown(axes)}."
+            )
         pairs = axes.items() if isinstance(axes, Mapping) else enumerate(axes)
         out[name] = {}
         for axis, dim in pairs:
@@ -306,13 +319,20 @@ def export_module(
         raise UserError(f"expected a torch.nn.Module to export, got {type(module).__name__}.")
     if exporter not in ("auto", "dynamo", "legacy"):
         raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
-    check_opset(opset)
+    opset = check_opset(opset)
     feeds = normalize_inputs(module, example_inputs)
     _check_exportable(module, feeds)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
     input_names = list(feeds)
     raw = _forward(module, feeds)
     reference = flatten_outputs(raw)
+    if isinstance(output_names, str):  # one output's name (it was read letter by letter: 'out' -> o, u, t)
+        output_names = [output_names]
+    elif output_names is not None and not isinstance(output_names, Sequence):
+        raise UserError(
+            f"--output-name (output_names) must be a list of names, got {type(output_names).__name__} "
+            f"{shown(output_names)}."
+        )
     names = list(output_names) if output_names else default_output_names(raw, input_names)
     check_output_names(names, len(reference), input_names)
     _check_outputs(module, reference, names)
@@ -488,6 +508,9 @@ def check_output_names(names: Sequence[str], n_outputs: int, input_names: Sequen
             f"--output-name (output_names): {len(names)} name(s) {list(names)} given for a model with "
             f"{n_outputs} output(s); give one name per output, in order."
         )
+    kinds = [f"{type(n).__name__} {shown(n)}" for n in names if not isinstance(n, str)]
+    if kinds:  # ([1] failed inside both exporters, reported as an export error)
+        raise UserError(f"--output-name (output_names) must be names (strings), got {', '.join(kinds)}.")
     problems = []
     if any(not str(n).strip() for n in names):
         problems.append("an empty name")
@@ -515,10 +538,16 @@ def _check_outputs(module: Any, reference: list[Any], names: list[str]) -> None:
         )
 
 
-def check_opset(opset: int | None) -> None:
-    """--opset within what the installed onnx knows (the exporters would otherwise ignore it quietly)."""
+def check_opset(opset: Any) -> int | None:
+    """--opset within what the installed onnx knows (the exporters would otherwise ignore it quietly), as
+    an int (a NumPy integer too)."""
     if opset is None:
-        return
+        return None
+    if isinstance(opset, bool) or not isinstance(opset, numbers.Integral):  # ('17': a comparison's TypeError)
+        raise UserError(
+            f"--opset (opset) must be an integer or None, got {type(opset).__name__} {shown(opset)}."
+        )
+    opset = int(opset)
     import onnx
 
     newest = onnx.defs.onnx_opset_version()
@@ -526,6 +555,7 @@ def check_opset(opset: int | None) -> None:
         raise UserError(
             f"--opset {opset} is out of range: this onnx {onnx.__version__} knows opsets 7..{newest}."
         )
+    return opset
 
 
 def check_forward(module: Any, example_inputs: Any) -> list[Any]:

@@ -216,7 +216,7 @@ def compile_model(
             | {"exporter": exporter, "stages": [s.name for s in stages]},
             precision=precision_summary,
             plugins=plugins,
-            streams=streams,
+            streams=build_options.streams,  # (an int: a NumPy one failed the manifest's JSON after the build)
         )
         if sha256_file(art.path) != file_hash or onnx_io.source_sha256(art.path) != source_hash:
             raise UserError(

@@ -95,7 +95,7 @@ def from_pt2(
         raise UserError(
             "a .pt2 archive can only be converted by the dynamo exporter; drop --exporter legacy."
         )
-    check_opset(opset)
+    opset = check_opset(opset)
     try:
         with torch_logs_silenced():
             ep = torch.export.load(str(p))

@@ -229,8 +229,19 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
     engine_path = as_path(engine_path, "the engine")  # (bytes too, as os paths may be)
     if not engine_path.name:
         raise UserError(f"'{show_path(engine_path)}' is not an engine file path.")
+    if engine_path.is_dir():  # (it read "has no manifest 'DIR.json'")
+        raise UserError(
+            f"engine '{show_path(engine_path)}' is a directory; expected an engine file (MODEL.engine, with "
+            "MODEL.engine.json beside it)."
+        )
     resolve_pending(engine_path)
     path = manifest_path_for(engine_path)
+    if engine_path.name.endswith(".engine" + MANIFEST_SUFFIX) and not path.exists() and engine_path.is_file():
+        engine = engine_path.with_suffix("")  # the manifest was given: it read "no manifest 'X.json.json'"
+        raise UserError(
+            f"'{show_path(engine_path)}' is an engine's manifest; give the engine '{show_path(engine)}' "
+            "(its manifest is read beside it)."
+        )
     if not path.is_file() and Path(engine_path).suffix.lower() in (".onnx", ".pt2"):
         raise UserError(
             f"'{show_path(engine_path)}' is a model, not an engine: build one first with "
@@ -239,6 +250,11 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
     if not path.is_file() and not os.path.lexists(engine_path):  # neither is there: a wrong path
         raise UserError(
             f"engine '{show_path(engine_path)}' does not exist (nor its manifest '{show_path(path)}')."
+        )
+    if path.is_dir():
+        raise UserError(
+            f"manifest '{show_path(path)}' of engine '{show_path(engine_path)}' is a directory; expected the "
+            "JSON file trtforge writes beside every engine it builds. Rebuild with `trtforge compile`."
         )
     if not path.is_file():
         raise UserError(
@@ -367,6 +383,8 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
     """Settle the staged files of dead publishers of `engine_path`: finish a committed publish whose
     engine matches its record, delete everything else (see the module doc). Live publishers are left be."""
     out = Path(engine_path)
+    if not out.name:  # '', '.', '/': no file is published there (it was temp_name's ValueError)
+        return
     parent = out.parent if str(out.parent) else Path(".")
     prefix = temp_name(out, "").name
     try:

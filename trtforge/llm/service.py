@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtforge.errors import SHOWN_CHARS, UserError, checked_call, shown
+from trtforge.errors import UserError, checked_call, shown
 from trtforge.llm import sizing
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
 from trtforge.llm.executors.base import PoolAllocationError, StepExecutor
@@ -612,29 +612,15 @@ def check_torch_options(
 def check_device(device: Any, what: str = "device") -> None:
     """UserError naming `what` (the argument or flag) unless `device` is None, cpu, or a CUDA device this
     machine has: torch's own errors say neither which argument nor what would do."""
-    import torch
+    from trtforge.core.devices import resolve_device
 
-    if device is None:
-        return
-    expected = "expected 'cpu', 'cuda' or 'cuda:N' (or none: cuda if present, else cpu)"
-    if not isinstance(device, (str, torch.device)):
-        raise UserError(
-            f"{what} must be a string or torch.device, got {type(device).__name__} {shown(device)}."
-        )
-    try:
-        kind = torch.device(device)
-    except (RuntimeError, TypeError) as e:  # torch's message repeats the string: shortened there too
-        why, text = str(e).splitlines()[0], str(device)
-        if len(text) > SHOWN_CHARS:
-            why = why.replace(text, shown(text))
-        raise UserError(f"{what} {shown(text)}: {why}; {expected}.") from None
-    if kind.type not in ("cpu", "cuda"):
-        raise UserError(f"{what} {shown(str(device))}: the torch executor runs on cpu or cuda; {expected}.")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if kind.type == "cuda" and (kind.index or 0) >= gpus:
-        raise UserError(
-            f"{what} {shown(str(device))}: this machine has {gpus} usable CUDA device(s); pass 'cpu' or a "
-            "GPU it has."
+    if device is not None:
+        resolve_device(
+            device,
+            what,
+            kinds=("cpu", "cuda"),
+            runs_on="the torch executor runs on cpu or cuda",
+            expected="expected 'cpu', 'cuda' or 'cuda:N' (or none: cuda if present, else cpu)",
         )
 
 

@@ -48,8 +48,11 @@ class Completer:
                 future.set_exception(e)
 
     def close(self) -> None:
-        """Resolve everything queued, then stop the thread."""
-        if self._thread is not None:
+        """Resolve everything queued, then stop the thread (called from the thread itself, from a future's
+        done-callback, it stops after what is queued, unjoined: a thread cannot join itself)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
             self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+            if thread is not threading.current_thread():
+                thread.join()

@@ -152,18 +152,27 @@ class HostDevice:
 Device = CudaDevice | HostDevice
 
 
-def make_device(device: str | int | torch.device | None) -> Device:
-    """'cuda', 'cuda:1', 1, torch.device or None (-> cuda:0) -> CudaDevice; 'cpu' -> HostDevice (tests)."""
+def make_device(device: str | int | torch.device | None, what: str = "device") -> Device:
+    """'cuda', 'cuda:1', 1, torch.device or None (-> cuda:0) -> CudaDevice; 'cpu' -> HostDevice (tests).
+
+    Anything else, or a GPU index this machine does not have, is a UserError naming `what`
+    (:func:`trtforge.core.devices.resolve_device`), before any stream or context is made.
+    """
+    from trtforge.core.devices import resolve_device
+
     if device is None:
-        d = torch.device("cuda", 0)
-    elif isinstance(device, int):
-        d = torch.device("cuda", device)
-    else:
-        d = torch.device(device)
-    if d.type == "cpu":
+        device = 0
+    if isinstance(device, str | torch.device) and str(device) == "cpu":
         return HostDevice()
-    if d.type != "cuda":
-        raise ValueError(f"device {device!r}: a session runs on 'cuda' (or 'cpu' with the stand-in)")
+    d = resolve_device(
+        device,
+        what,
+        kinds=("cuda",),
+        runs_on="an engine runs on a CUDA device",
+        expected="expected 'cuda', 'cuda:N' or a GPU index N",
+        ints=True,
+        no_gpu_later=True,  # (load() refused first: a TensorRT engine cannot run on no GPU)
+    )
     return CudaDevice(0 if d.index is None else d.index)
 
 

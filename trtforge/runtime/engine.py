@@ -15,7 +15,7 @@ from typing import Any
 
 from trtforge._fileio import as_input_path
 from trtforge.core.manifest import Manifest, ShapeRange, read_manifest, verify_engine_file
-from trtforge.errors import BackendUnavailableError, UserError, checked_call
+from trtforge.errors import BackendUnavailableError, UserError, checked_call, shown
 from trtforge.runtime.compat import check_backend_compat, register_required_plugins
 from trtforge.runtime.profiles import InputValidator, IOSpec, ProfileLayout
 from trtforge.runtime.protocol import EngineHandle
@@ -41,8 +41,7 @@ class Engine:
         self.label = label
         self.host_capable = host_capable
         self.layout = ProfileLayout.from_manifest(manifest, where=label)
-        self.inputs = tuple(IOSpec.from_tensor_spec(t) for t in manifest.inputs)
-        self.outputs = tuple(IOSpec.from_tensor_spec(t) for t in manifest.outputs)
+        self.inputs, self.outputs = _io_specs(manifest, label)
         self.data_dependent = frozenset(getattr(handle, "data_dependent_outputs", ()))
         self.validator = InputValidator(self.inputs, self.layout, engine=label)
 
@@ -63,6 +62,13 @@ class Engine:
 
     def device_memory_for_profile(self, base_index: int = 0) -> int:
         """Device memory (bytes) one context needs at the largest shapes of base profile `base_index`."""
+        k = self.layout.per_copy
+        if isinstance(base_index, bool) or not isinstance(base_index, int) or not 0 <= base_index < k:
+            # (an index past the profiles reached TensorRT's getDeviceMemorySizeForProfile unchecked)
+            raise UserError(
+                f"{self.label}: device_memory_for_profile({shown(base_index)}): base_index is a base "
+                f"profile, an integer 0..{k - 1} (this engine has {k} per stream copy)."
+            )
         return int(self.handle.device_memory_size_for_profile(self.layout.profile_index(0, base_index)))
 
     def describe(self) -> dict[str, Any]:
@@ -119,6 +125,22 @@ class Engine:
         )
 
 
+def _io_specs(manifest: Manifest, label: str) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
+    """The manifest's inputs and outputs as IOSpecs; UserError for a dtype the runtime cannot bind (the
+    manifest admits int4 and float4_e2m1, which have no torch dtype: it was a ValueError after
+    deserializing)."""
+    try:
+        return (
+            tuple(IOSpec.from_tensor_spec(t) for t in manifest.inputs),
+            tuple(IOSpec.from_tensor_spec(t) for t in manifest.outputs),
+        )
+    except ValueError as e:
+        raise UserError(
+            f"{label}: I/O tensor {e}. The runtime binds I/O through torch tensors, so it cannot run this "
+            "engine; rebuild it with I/O of one of those dtypes."
+        ) from None
+
+
 def _backend_for(manifest: Manifest, label: str) -> Any:
     from trtforge.core.backend import get_backend
 
@@ -139,10 +161,16 @@ def load(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Engi
     `manifest`: `path`'s manifest when the caller has read it already (read_manifest), so it is read once.
     """
     path = as_input_path(path, "the engine")
+    if manifest is not None and not isinstance(manifest, Manifest):  # (was an AttributeError deep inside)
+        raise UserError(
+            "load(manifest=...) must be the engine's Manifest (trtforge.core.manifest.read_manifest) or "
+            f"None, got {type(manifest).__name__}."
+        )
     label = f"engine '{path}'"
     manifest = read_manifest(path) if manifest is None else manifest
     data = verify_engine_file(path, manifest)
     ProfileLayout.from_manifest(manifest, where=label)
+    _io_specs(manifest, label)  # before any backend work
     backend = _backend_for(manifest, label)
     check_backend_compat(
         manifest.backend,

@@ -12,6 +12,7 @@ allowed range; results are cached per shape signature so the hot path is a few d
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,10 +102,15 @@ class ProfileLayout:
             return base_index
         return lane * len(self.base) + base_index
 
-    def check_lanes(self, n: int, *, engine: str = "engine") -> None:
-        """UserError unless `n` lanes can run concurrently (one profile copy per lane when dynamic)."""
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise UserError(f"session(streams={shown(n)}): streams must be an integer >= 1.")
+    def check_lanes(self, n: int, *, engine: str = "engine") -> int:
+        """`n` as an int; UserError unless `n` lanes can run concurrently (one profile copy per lane when
+        dynamic). A NumPy integer is an integer (it was refused as "session(streams=2): streams must be an
+        integer")."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise UserError(
+                f"session(streams={shown(n)}): streams must be an integer >= 1, got {type(n).__name__}."
+            )
+        n = int(n)
         if n < 1:
             raise UserError(f"session(streams={n}): the number of streams must be at least 1.")
         if self.dynamic and n > self.copies:
@@ -115,6 +121,7 @@ class ProfileLayout:
                 f"dynamic-shape engine). Rebuild with `trtforge compile --streams {n}` or use "
                 f"streams<={self.copies}."
             )
+        return n
 
 
 class InputValidator:
@@ -167,7 +174,7 @@ class InputValidator:
     def _raise_names(self, feeds: Mapping[str, Any]) -> None:
         given = set(feeds)
         missing = sorted(self._names - given)
-        extra = sorted(given - self._names)
+        extra = sorted(given - self._names, key=str)  # (keys of several types: {1: x, "y": x})
         for name in given & self._names:
             if feeds[name] is None:
                 missing.append(name)
@@ -175,7 +182,7 @@ class InputValidator:
         if missing:
             parts.append(f"missing input(s) {missing}")
         if extra:
-            parts.append(f"unknown input name(s) {extra}")
+            parts.append(f"unknown input name(s) {shown(extra)}")
         raise UserError(
             f"{self.engine}: {' and '.join(parts)}; the engine's inputs are "
             + ", ".join(f"'{s.name}' {s.dtype}{_fmt(s.shape)}" for s in self.inputs)
@@ -184,6 +191,14 @@ class InputValidator:
 
     def _raise_dtype(self, spec: IOSpec, t: Any) -> None:
         got = dtype_name(t.dtype) if isinstance(t.dtype, torch.dtype | np.dtype) else str(t.dtype)
+        # only the byte order differs ('>f4'): the message read "has dtype float32, expects float32"
+        native = t.dtype.newbyteorder("=") if isinstance(t.dtype, np.dtype) else None
+        if native is not None and native != t.dtype and native == spec.numpy_dtype:
+            raise UserError(
+                f"{self.engine}: input '{spec.name}' is a NumPy array of {got} in non-native byte order "
+                f"({t.dtype.str!r}); the engine reads {spec.dtype} in this machine's byte order. Convert it "
+                f"first: array.astype(numpy.{got})."
+            )
         hint = (
             "" if spec.numpy_dtype is not None else f" ({spec.dtype} has no NumPy dtype: pass a torch tensor)"
         )

@@ -26,8 +26,12 @@ stream are ordered one after another by that stream.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import numbers
 import queue
-from collections.abc import Mapping
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,6 +48,30 @@ if TYPE_CHECKING:
     from trtforge.runtime.protocol import SessionEngine
 
 _STAGED = 1  # prepared input kind: host data to copy through pinned staging
+
+
+def _is_int(value: Any) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_options(cuda_graphs: Any, graph_warmup: Any, aux_streams: Any, torch_allocator: Any) -> None:
+    """UserError naming the session option that has the wrong kind or range, before any lane is made:
+    cuda_graphs="no" and torch_allocator="no" were read as true, aux_streams=-1 as none and "two" was
+    int()'s ValueError, graph_warmup="1" a TypeError from a comparison."""
+    for name, flag in (("cuda_graphs", cuda_graphs), ("torch_allocator", torch_allocator)):
+        if not isinstance(flag, bool):
+            raise UserError(f"session({name}={shown(flag)}): {name} must be True or False.")
+    if not _is_int(graph_warmup) or graph_warmup < 1:
+        raise UserError(
+            f"session(graph_warmup={shown(graph_warmup)}): an integer >= 1; at least one plain enqueue must "
+            "precede a CUDA-graph capture (tensorrt-facts.md §4.7)."
+        )
+    if aux_streams is not None and (not _is_int(aux_streams) or aux_streams < 0):
+        raise UserError(
+            f"session(aux_streams={shown(aux_streams)}): auxiliary streams per lane, an integer >= 0 "
+            "(or None: what the engine was built with)."
+        )
 
 
 class _Lane:
@@ -114,18 +142,14 @@ class Session:
     ):
         from trtforge.runtime._device import make_device
 
-        engine.layout.check_lanes(streams, engine=engine.label)
+        streams = engine.layout.check_lanes(streams, engine=engine.label)
+        _check_options(cuda_graphs, graph_warmup, aux_streams, torch_allocator)
         self.engine = engine
         self.device = make_device(engine.default_device if device is None else device)
         if self.device.kind == "cpu" and not engine.host_capable:
             raise UserError(f"{engine.label}: a TensorRT engine runs on a CUDA device, not on 'cpu'.")
-        if graph_warmup < 1:
-            raise UserError(
-                f"graph_warmup={graph_warmup}: at least one plain enqueue must precede a CUDA-graph capture "
-                "(tensorrt-facts.md §4.7)."
-            )
-        self.cuda_graphs = bool(cuda_graphs) and self.device.kind == "cuda"
-        self.graph_warmup = graph_warmup
+        self.cuda_graphs = cuda_graphs and self.device.kind == "cuda"
+        self.graph_warmup = int(graph_warmup)
         self.torch_allocator = torch_allocator
         aux = engine.handle.num_aux_streams if aux_streams is None else int(aux_streams)
         self._out_cache: dict[tuple, tuple[int, tuple[tuple[int, ...], ...]]] = {}
@@ -134,7 +158,13 @@ class Session:
         for lane in self._lanes:
             self._free.put(lane)
         self._completers = [Completer(f"trtforge-lane{i}") for i in range(streams)]
-        self._closed = False
+        self._closed = threading.Event()  # set by close() and by the finalizer of a dropped session
+        self._all_lanes = threading.Lock()  # one taker of every lane at a time (trim, close)
+        # closed when dropped unclosed too: its arenas (raw caching-allocator blocks) and waiter threads
+        # were never freed, and a session opened per request leaked both
+        self._finalizer = weakref.finalize(
+            self, _shut_down, self._closed, self._lanes, self._free, self._completers, self._all_lanes
+        )
         self.contiguous_copies = 0
         self.graph_failures: list[str] = []
 
@@ -186,20 +216,22 @@ class Session:
             host = self._host_copies(lane, result) if to_numpy else None
             done = self.device.new_event()
             done.record(lane.stream)
+            # queued while the lane is held: once close() holds every lane, every future is queued
+            if host is not None:
+                return self._completers[lane.index].put(
+                    done, lambda: {n: v.numpy() for n, v in host.items()}, keep
+                )
+            return self._completers[lane.index].put(done, lambda: result, keep)
         except BaseException:
             lane.reset()
             raise
         finally:
             self._free.put(lane)
-        completer = self._completers[lane.index]
-        if host is not None:
-            return completer.put(done, lambda: {n: v.numpy() for n, v in host.items()}, keep)
-        return completer.put(done, lambda: result, keep)
 
     @checked_call
     def memory_needed(self, inputs: Mapping[str, Any]) -> int:
         """Device memory (bytes) one lane needs for these input shapes; reads metadata only, runs nothing."""
-        if self._closed:
+        if self._closed.is_set():
             raise RuntimeError("session is closed")
         base, shapes = self.engine.validator.validate(inputs)
         key = (base, shapes)
@@ -252,28 +284,22 @@ class Session:
         """Release arena memory above `keep` bytes per lane (waits for each lane to be idle)."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise UserError(f"trim(keep={shown(keep)}): keep is a number of bytes, an integer >= 0.")
-        taken = [self._acquire() for _ in self._lanes]
-        try:
+        if self._closed.is_set():
+            raise RuntimeError("session is closed")
+        with _every_lane(self._lanes, self._free, self._all_lanes) as taken:
+            if self._closed.is_set():
+                raise RuntimeError("session is closed")
             for lane in taken:
                 lane.stream.synchronize()
                 if lane.arena.trim(keep):
                     lane.graph, lane.graph_io = None, None
                     lane.graph_state = GraphState(failed=lane.graph_state.failed)
-        finally:
-            for lane in taken:
-                self._free.put(lane)
 
     def close(self) -> None:
-        """Finish queued work and free lane memory; the session is unusable afterwards."""
-        if self._closed:
-            return
-        self._closed = True
-        for completer in self._completers:
-            completer.close()
-        for lane in self._lanes:
-            lane.stream.synchronize()
-            lane.graph, lane.graph_io = None, None
-            lane.arena.release()
+        """Wait for calls in flight on other threads, resolve every submitted future, then free lane memory;
+        the session is unusable afterwards. A session dropped unclosed is closed when it is garbage (and at
+        interpreter exit)."""
+        self._finalizer()
 
     def __enter__(self) -> Session:
         return self
@@ -283,13 +309,17 @@ class Session:
 
     # -- internals ------------------------------------------------------------------------------------
     def _acquire(self) -> _Lane:
-        if self._closed:
+        if self._closed.is_set():
             raise RuntimeError("session is closed")
-        return self._free.get()
+        lane = self._free.get()
+        if self._closed.is_set():  # closed while this call waited for a lane
+            self._free.put(lane)
+            raise RuntimeError("session is closed")
+        return lane
 
     def _prepare(self, inputs: Mapping[str, Any]) -> tuple[int, tuple, list, bool]:
         """Validate, then classify inputs: device tensors (made contiguous) or host data to stage."""
-        if self._closed:
+        if self._closed.is_set():
             raise RuntimeError("session is closed")
         base, shapes = self.engine.validator.validate(inputs)
         prepared = []
@@ -382,10 +412,15 @@ class Session:
                 for spec, shape in zip(self.engine.outputs, out_shapes)
                 if spec.name not in self.engine.data_dependent
             }
+        if not isinstance(given, Mapping):  # (a list's tensors were printed whole as "unknown output names")
+            raise UserError(
+                f"{self.engine.label}: outputs must be a dict of output name -> torch.Tensor (or None), got "
+                f"{type(given).__name__}; the engine's outputs are {[o.name for o in self.engine.outputs]}."
+            )
         unknown = set(given) - {o.name for o in self.engine.outputs}
         if unknown:
             raise UserError(
-                f"{self.engine.label}: unknown output name(s) {sorted(unknown)}; outputs are "
+                f"{self.engine.label}: unknown output name(s) {shown(sorted(unknown, key=str))}; outputs are "
                 f"{[o.name for o in self.engine.outputs]}."
             )
         dds = sorted(set(given) & self.engine.data_dependent)
@@ -402,6 +437,12 @@ class Session:
             if t is None:
                 outputs[spec.name] = torch.empty(shape, dtype=spec.torch_dtype, device=dev)
                 continue
+            if not isinstance(t, torch.Tensor):  # (a NumPy array read as "output tensor 'y' is 2(4, 64)")
+                raise UserError(
+                    f"{self.engine.label}: output '{spec.name}' is a {type(t).__name__}; the engine writes "
+                    f"outputs in place, so pass a torch.Tensor of {spec.dtype}{shape} on {dev} (or none and "
+                    "use the returned one)."
+                )
             if t.dtype is not spec.torch_dtype or tuple(t.shape) != shape or t.device != dev:
                 raise UserError(
                     f"{self.engine.label}: output tensor '{spec.name}' is {str(t.dtype)[6:]}{tuple(t.shape)} "
@@ -452,6 +493,42 @@ class Session:
                 view.copy_(t, non_blocking=True)
                 host[name] = view
         return host
+
+
+@contextlib.contextmanager
+def _every_lane(lanes: list[_Lane], free: queue.SimpleQueue, lock: threading.Lock) -> Iterator[list[_Lane]]:
+    """Hold every lane (calls in flight on other threads finish enqueuing first), then give them back.
+
+    One taker at a time: two takers each holding some lanes and waiting for the other's would wait forever.
+    """
+    with lock:
+        taken: list[_Lane] = []
+        try:
+            for _ in lanes:  # one by one: a Ctrl-C while waiting for the next gives back those taken
+                taken.append(free.get())
+            yield taken
+        finally:
+            for lane in taken:
+                free.put(lane)
+
+
+def _shut_down(
+    closed: threading.Event,
+    lanes: list[_Lane],
+    free: queue.SimpleQueue,
+    completers: list[Completer],
+    lock: threading.Lock,
+) -> None:
+    """What :meth:`Session.close` does, once (also for a session that is garbage): wait for calls in flight,
+    resolve every queued future, then synchronize each lane and free its arena."""
+    closed.set()  # a call that gets a lane after this refuses it (Session._acquire)
+    with _every_lane(lanes, free, lock) as taken:
+        for completer in completers:
+            completer.close()
+        for lane in taken:
+            lane.stream.synchronize()
+            lane.graph, lane.graph_io = None, None
+            lane.arena.release()
 
 
 __all__ = ["Session"]
