@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -85,6 +86,11 @@ def shown_name(name: str | int) -> str:
     :data:`SHOWN_CHARS` (a client's own dict key), then cut and quoted as :func:`shown` cuts it."""
     text = str(name)
     return text if len(text) <= SHOWN_CHARS else shown(text)
+
+
+def is_int(value: Any) -> bool:
+    """A Python or NumPy integer, not a bool: what an integer option of the API accepts."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_integer(value: Any) -> bool:

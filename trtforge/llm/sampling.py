@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError, checked_call, shown
+from trtforge.errors import UserError, checked_call, is_int, shown
 from trtforge.llm.host_to_device import to_device
 from trtforge.llm.penalties import (
     RowHistory,
@@ -48,10 +48,6 @@ LOGIT_BIAS_LIMIT = 100.0
 # logit_bias ids are int64 on the host and the device (an id of 2**64 raised OverflowError when the
 # request was queued); the engine then refuses one past its model's vocabulary
 MAX_TOKEN_ID = 2**63 - 1
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def _is_number(x: object) -> bool:
@@ -113,24 +109,24 @@ class SamplingParams:
         def bad(name: str, expected: str, value: object) -> UserError:
             return UserError(f"SamplingParams.{name} must be {expected}, got {shown(value)}")
 
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise bad("max_tokens", "an integer >= 1", self.max_tokens)
         if not _is_number(self.temperature) or not _finite(self.temperature) or self.temperature < 0:
             raise bad("temperature", "a finite number >= 0 (0 means greedy)", self.temperature)
-        if not _is_int(self.top_k) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             raise bad("top_k", "an integer >= 0 (0 keeps every token)", self.top_k)
         if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise bad("top_p", "a number in (0, 1]", self.top_p)
-        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+        if self.seed is not None and (not is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
             raise bad("seed", f"None or an integer in [{SEED_MIN:,}, {SEED_MAX:,}] (any int64)", self.seed)
-        if self.eos_token_id is not None and (not _is_int(self.eos_token_id) or self.eos_token_id < 0):
+        if self.eos_token_id is not None and (not is_int(self.eos_token_id) or self.eos_token_id < 0):
             raise bad("eos_token_id", "None or a token id >= 0", self.eos_token_id)
         if not isinstance(self.ignore_eos, bool):
             raise bad("ignore_eos", "a bool", self.ignore_eos)
         stop_ids = self.stop_token_ids
         if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, (list, tuple)):
             raise bad("stop_token_ids", "a list of token ids", stop_ids)
-        if not all(_is_int(t) and t >= 0 for t in stop_ids):
+        if not all(is_int(t) and t >= 0 for t in stop_ids):
             raise bad("stop_token_ids", "a list of token ids >= 0", stop_ids)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop_ids))
         seqs = self.stop_sequences
@@ -142,7 +138,7 @@ class SamplingParams:
                 isinstance(s, (str, bytes))
                 or not isinstance(s, (list, tuple))
                 or not s
-                or not all(_is_int(t) and t >= 0 for t in s)
+                or not all(is_int(t) and t >= 0 for t in s)
             ):
                 raise bad("stop_sequences", "a list of non-empty token-id lists", seqs)
             norm.append(tuple(int(t) for t in s))
@@ -150,10 +146,10 @@ class SamplingParams:
         self._check_openai_fields(bad)
 
     def _check_openai_fields(self, bad: Any) -> None:
-        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+        if not is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise bad("n", f"an integer in [1, {MAX_N}] (samples per prompt)", self.n)
         lp = self.logprobs
-        if lp is not None and (not _is_int(lp) or not 0 <= lp <= MAX_LOGPROBS):
+        if lp is not None and (not is_int(lp) or not 0 <= lp <= MAX_LOGPROBS):
             raise bad("logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", self.logprobs)
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
@@ -204,7 +200,7 @@ class SamplingParams:
             raise bad("logit_bias", most, f"{len(lb):,} entries")
         norm: dict[int, float] = {}
         for k, v in lb.items():
-            ok = _is_int(k) and 0 <= k <= MAX_TOKEN_ID and _is_number(v) and _finite(v)
+            ok = is_int(k) and 0 <= k <= MAX_TOKEN_ID and _is_number(v) and _finite(v)
             if not ok or not -LOGIT_BIAS_LIMIT <= v <= LOGIT_BIAS_LIMIT:
                 raise bad("logit_bias", expected, {k: v})
             norm[int(k)] = float(v)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import numbers
 import os
 import platform
 import re
@@ -20,7 +19,7 @@ from typing import Any
 
 from trtforge._fileio import as_path, show_path, work_directory
 from trtforge.core.policy import PrecisionOptions
-from trtforge.errors import UserError, checked_call, shown
+from trtforge.errors import UserError, checked_call, is_int, shown
 from trtforge.reports.compare import compare_target
 from trtforge.reports.inputs import Feed, ReportInput, fit_sizes, generate_feed, load_feeds, static_batch
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
@@ -69,11 +68,11 @@ def _check_args(
             isinstance(values, (str, bytes))
             or not isinstance(values, Sequence)
             or not values
-            or not all(_is_int(v) and v >= 1 for v in values)
+            or not all(is_int(v) and v >= 1 for v in values)
         ):
             raise UserError(f"{name} ({what}) must be a list of positive integers, got {shown(values)}.")
     for name, value, low in (("warmup", warmup, 0), ("runs", runs, 1)):
-        if not _is_int(value) or value < low:
+        if not is_int(value) or value < low:
             raise UserError(f"{name} must be an integer >= {low}, got {shown(value)}.")
     if targets is not None and (
         isinstance(targets, (str, bytes))
@@ -87,11 +86,6 @@ def _check_args(
         raise UserError(
             f"tolerances must be a mapping of output keys to limits (or None), got {shown(tolerances)}."
         )
-
-
-def _is_int(value: Any) -> bool:
-    """A Python or numpy integer, not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_out_dir(out_dir: str | os.PathLike[str]) -> Path:

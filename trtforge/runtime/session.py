@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import numbers
 import queue
 import threading
 import weakref
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trtforge.errors import UserError, checked_call, shown
+from trtforge.errors import UserError, checked_call, is_int, shown
 from trtforge.runtime._completion import Completer
 from trtforge.runtime._graph_state import GraphState
 from trtforge.runtime._graphs import graph_step
@@ -50,11 +49,6 @@ if TYPE_CHECKING:
 _STAGED = 1  # prepared input kind: host data to copy through pinned staging
 
 
-def _is_int(value: Any) -> bool:
-    """A Python or NumPy integer, not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _check_options(cuda_graphs: Any, graph_warmup: Any, aux_streams: Any, torch_allocator: Any) -> None:
     """UserError naming the session option that has the wrong kind or range, before any lane is made:
     cuda_graphs="no" and torch_allocator="no" were read as true, aux_streams=-1 as none and "two" was
@@ -62,12 +56,12 @@ def _check_options(cuda_graphs: Any, graph_warmup: Any, aux_streams: Any, torch_
     for name, flag in (("cuda_graphs", cuda_graphs), ("torch_allocator", torch_allocator)):
         if not isinstance(flag, bool):
             raise UserError(f"session({name}={shown(flag)}): {name} must be True or False.")
-    if not _is_int(graph_warmup) or graph_warmup < 1:
+    if not is_int(graph_warmup) or graph_warmup < 1:
         raise UserError(
             f"session(graph_warmup={shown(graph_warmup)}): an integer >= 1; at least one plain enqueue must "
             "precede a CUDA-graph capture (tensorrt-facts.md §4.7)."
         )
-    if aux_streams is not None and (not _is_int(aux_streams) or aux_streams < 0):
+    if aux_streams is not None and (not is_int(aux_streams) or aux_streams < 0):
         raise UserError(
             f"session(aux_streams={shown(aux_streams)}): auxiliary streams per lane, an integer >= 0 "
             "(or None: what the engine was built with)."
