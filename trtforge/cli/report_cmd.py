@@ -63,7 +63,7 @@ report is replaced whole (staged beside it, then swapped in): a failed or
 interrupted run leaves the earlier report as it was. An OUT holding other files
 too keeps them; the three files are replaced together.
 Exit codes (so a report can gate CI): 0 ok; 2 bad input, including --data the
-reference target rejects or --calibration-data that does not fit the model
+reference target rejects or --calib-data that does not fit the model
 (nothing is written then: an earlier report stays), an engine that does not match
 its manifest, and a --reference this machine cannot run (the message names the
 targets that can); 3 when the reference or any target
@@ -106,7 +106,11 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 )
 @click.option("--data", default=None, help="Accuracy inputs (see below); default: generated.")
 @click.option(
-    "--calibration-data", default=None, help="INT8 calibration data (default: --data, else generated)."
+    "--calib-data",
+    "--calibration-data",
+    "calibration_data",
+    default=None,
+    help="INT8 calibration data, as compile's --calib-data (default: --data, else generated).",
 )
 @option_group(PrecisionOptions, only=("calib_method", "smoothquant", "int8_rest", "tokenizer"))
 @click.option("--batch", "batch", default="1,8", show_default=True, help="Batch sizes of the latency sweep.")

@@ -322,11 +322,11 @@ def build_report(
     names, reference = _pick_reference(names, reference, src)
     check_out_dir(out_dir)
     _check_data_path(data, "--data")
-    _check_data_path(calibration_data, "--calibration-data")
+    _check_data_path(calibration_data, "--calib-data")
     if calibration_data is not None and not set(names) & set(INT8_TARGETS):
         raise UserError(
-            f"--calibration-data feeds only the INT8 targets ({', '.join(INT8_TARGETS)}), and none of this "
-            f"report's targets ({', '.join(names)}) is one: add one to --targets, or drop --calibration-data."
+            f"--calib-data feeds only the INT8 targets ({', '.join(INT8_TARGETS)}), and none of this "
+            f"report's targets ({', '.join(names)}) is one: add one to --targets, or drop --calib-data."
         )
     notes: list[str] = []
     with work_directory("trtforge-report-") as workdir:
@@ -495,14 +495,14 @@ def _check_data_path(value: Any, option: str) -> None:
 
 
 def _check_calibration_data(prep: Preparer, calibration_data: Any, tokenizer: Any) -> None:
-    """--calibration-data that does not fit the model is bad input, a UserError before any target is
+    """--calib-data that does not fit the model is bad input, a UserError before any target is
     prepared (inside the INT8 target it failed only that row, and the report exited 3, a failed check)."""
     if calibration_data is None or prep.graph("ort").error is not None:
         return  # (no graph to check against: the targets' rows say why)
     from trtforge.calibration.data import input_specs_from_model, load_dataset
 
     specs = input_specs_from_model(prep.graph("ort").proto)
-    load_dataset(calibration_data, specs, tokenizer=tokenizer, what="--calibration-data")
+    load_dataset(calibration_data, specs, tokenizer=tokenizer, what="--calib-data")
 
 
 def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: int, notes: list[str]):
@@ -519,7 +519,7 @@ def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: i
         specs = specs_from_onnx(prep.graph("ort").proto)
         notes.append(
             "INT8 was calibrated on generated random inputs: its accuracy here says little about real data. "
-            "Pass calibration_data (CLI: --calibration-data)."
+            "Pass calibration_data (CLI: --calib-data)."
         )
         return [generate_feed(specs, 4, seq, seed=100 + i) for i in range(4)], "generated random inputs"
 
