@@ -32,3 +32,20 @@ def test_compile_calib_data_help_says_what_it_is_with_generate() -> None:
     # (the other commands keep the shared text)
     calibrate = cli.get_command(click.Context(cli), "calibrate")
     assert all("--generate" not in (p.help or "") for p in calibrate.params if p.name == "calib_data")
+
+
+def test_help_says_what_happens_without_the_option() -> None:
+    """Before: calibrate wrote OUTPUT.calib.cache without --calib-cache, which its help did not say;
+    --speculative-model alone speculates with the draft (method implied), which its help did not say
+    either; and `trtforge --help` described generate without the TensorRT step engine it also runs."""
+
+    def help_of(command: str, name: str) -> str:
+        (param,) = [p for p in cli.get_command(click.Context(cli), command).params if p.name == name]
+        return " ".join(param.help.split())
+
+    assert "Default: OUTPUT's name ending .calib.cache" in help_of("calibrate", "calib_cache")
+    assert "Default" not in help_of("compile", "calib_cache")  # (compile writes none unasked)
+    for command in ("generate", "serve"):
+        assert "--speculative-method draft, which it implies" in help_of(command, "speculative_model")
+    top = " ".join(cli.get_help(click.Context(cli, info_name="trtforge")).split())
+    assert "a step engine (TensorRT)" in top

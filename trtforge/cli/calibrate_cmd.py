@@ -33,6 +33,9 @@ Examples:
     PrecisionOptions,
     only=("calib_method", "calib_samples", "tokenizer", "smoothquant", "accuracy_target", "calib_cache"),
     flags={"calib_method": ("--method",), "calib_samples": ("--samples",)},
+    more_help={
+        "calib_cache": "Default: OUTPUT's name ending .calib.cache (-o m.int8.onnx: m.int8.calib.cache)."
+    },
 )
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="For --method percentile.")
 @click.option(
