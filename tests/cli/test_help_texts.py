@@ -49,3 +49,18 @@ def test_help_says_what_happens_without_the_option() -> None:
         assert "--speculative-method draft, which it implies" in help_of(command, "speculative_model")
     top = " ".join(cli.get_help(click.Context(cli, info_name="trtforge")).split())
     assert "a step engine (TensorRT)" in top
+
+
+def test_the_same_option_is_spelled_the_same_on_every_command() -> None:
+    """Before: report's output directory was only -o/--out-dir (every other command: -o/--output) and
+    calibrate's --quiet had no -q (compile's: -q/--quiet); `--output DIR` or `-q` copied from one
+    command to the other was 'No such option'."""
+    spelled: dict[str, set[str]] = {}
+    for name in [*COMMANDS, "generate", "serve"]:
+        for param in cli.get_command(click.Context(cli), name).params:
+            if isinstance(param, click.Option) and ({"-o", "-q"} & set(param.opts)):
+                key = "-o" if "-o" in param.opts else "-q"
+                spelled.setdefault(key, set()).add(name)
+                assert {"-o": "--output", "-q": "--quiet"}[key] in param.opts, (name, param.opts)
+    assert spelled["-o"] == {"optimize", "compile", "calibrate", "report", "export-triton"}
+    assert spelled["-q"] >= {"compile", "calibrate"}

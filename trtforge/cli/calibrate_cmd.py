@@ -58,7 +58,7 @@ Examples:
     "--report", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the record JSON."
 )
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
-@click.option("--quiet", is_flag=True, help="No progress bar or summary table.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
 def calibrate_cmd(
     model,
     data,

@@ -95,7 +95,15 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 @click.command("report", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model")
-@click.option("-o", "--out-dir", required=True, type=click.Path(file_okay=False), help="Report directory.")
+@click.option(
+    "-o",
+    "--output",
+    "--out-dir",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Report directory.",
+)
 @click.option(
     "--targets", "targets", multiple=True, metavar="A,B,...", help="Targets to compare. Repeatable."
 )
