@@ -207,6 +207,14 @@ BAD_CASES = {
         lambda d: [str(d / "m.onnx"), "--dynamic", "batch", "--output-name", "y"],
         "--dynamic, --output-name only apply when exporting a torch module",
     ),
+    "a step-engine option without --generate": (
+        lambda d: [str(d / "m.onnx"), "--max-seq", "128"],
+        "--max-seq only applies with --generate",  # (was "--max-seq only apply")
+    ),
+    "step-engine options without --generate": (
+        lambda d: [str(d / "m.onnx"), "--max-seq", "128", "--max-batch", "2"],
+        "--max-seq, --max-batch only apply with --generate",
+    ),
     "fp16 option in fp32": (
         lambda d: [str(d / "m.onnx"), "--keep-fp32", "Relu"],
         "--keep-fp32 only applies to FP16/BF16 graphs",

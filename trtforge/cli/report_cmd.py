@@ -341,7 +341,8 @@ def _refuse_other_mode(ctx: click.Context, generate: bool) -> None:
     given = given_flags(ctx, _ENCODER_ONLY if generate else _LM_ONLY)
     if given:
         where = "an output comparison (no --generate)" if generate else "--generate (a causal LM report)"
-        raise click.UsageError(f"{', '.join(given)} only apply to {where}.")
+        verb = "applies" if len(given) == 1 else "apply"
+        raise click.UsageError(f"{', '.join(given)} only {verb} to {where}.")
     if generate and not ctx.params.get("text"):
         raise UserError("--generate needs --text FILE: the text the variants' perplexity is measured on.")
 
