@@ -94,7 +94,7 @@ def _at_most(bound: str) -> Any:
     default=0.9,
     show_default=True,
     type=float,
-    help="Share of the GPU memory left after weights and activations that the KV cache takes.",
+    help="Share of the GPU memory left after weights and activations that the KV cache takes, in (0, 1].",
 )
 @click.option(
     "--max-num-seqs",
