@@ -100,7 +100,7 @@ def compile_model(
 ) -> CompileResult:
     """Compile `model` (nn.Module, .onnx, .pt2 path, or 'module:factory') into `output` (an .engine).
 
-    Defaults are the policy's (`compiler.policy`, `compiler.build.BuildOptions`), shared with the CLI.
+    Defaults are the policy's (`core.policy`, `compiler.build.BuildOptions`), shared with the CLI.
     `passes=None` skips the fusion passes; `precision` is "fp32"|"fp16"|"bf16"|"int8" or a
     PrecisionOptions (calibration data, FP32 islands, ...). Options that do not apply to the source
     or precision are refused. Writes the engine and `<output>.json` atomically; nothing is left
