@@ -64,3 +64,12 @@ def test_the_same_option_is_spelled_the_same_on_every_command() -> None:
                 assert {"-o": "--output", "-q": "--quiet"}[key] in param.opts, (name, param.opts)
     assert spelled["-o"] == {"optimize", "compile", "calibrate", "report", "export-triton"}
     assert spelled["-q"] >= {"compile", "calibrate"}
+
+
+def test_every_command_shows_its_examples_after_its_options() -> None:
+    """Before: `inspect -h` printed its examples above the options (in the docstring); every other
+    command's follow the options, in the epilog."""
+    for name in [*COMMANDS, "generate", "serve"]:
+        command = cli.get_command(click.Context(cli), name)
+        assert "Examples:" in (command.epilog or ""), name
+        assert "Examples:" not in (command.help or ""), name
