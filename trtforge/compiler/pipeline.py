@@ -198,6 +198,7 @@ def compile_model(
                 limits=limits,
                 check_profile=lambda profile: check_profile(onnx_path, profile),
                 source=_staged_name(model, [s.name for s in stages]) if onnx_path != art.path else None,
+                on_warning=lambda message: log(f"warning: {message}"),
             )
         session.records["build"] = build_record.to_dict()
         manifest = session.manifest(
