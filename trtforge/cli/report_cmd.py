@@ -113,14 +113,12 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     help="Target the others are compared with (default torch, else ort); it must run here.",
 )
 @click.option("--data", default=None, help="Accuracy inputs (see below); default: generated.")
-@click.option(
-    "--calib-data",
-    "--calibration-data",
-    "calibration_data",
-    default=None,
-    help="INT8 calibration data, as compile's --calib-data (default: --data, else generated).",
+@option_group(
+    PrecisionOptions,
+    only=("calib_data", "calib_method", "smoothquant", "int8_rest", "tokenizer"),
+    flags={"calib_data": ("--calib-data", "--calibration-data")},
+    more_help={"calib_data": "Default: --data, else generated."},
 )
-@option_group(PrecisionOptions, only=("calib_method", "smoothquant", "int8_rest", "tokenizer"))
 @click.option("--batch", "batch", default="1,8", show_default=True, help="Batch sizes of the latency sweep.")
 @click.option("--seq", "seq", default="128", show_default=True, help="Sequence lengths of the latency sweep.")
 @click.option(
@@ -199,7 +197,6 @@ def report_cmd(
     targets: tuple[str, ...],
     reference: str | None,
     data: str | None,
-    calibration_data: str | None,
     batch: str,
     seq: str,
     warmup: int,
@@ -231,7 +228,7 @@ def report_cmd(
         check_forward(*source)  # a factory whose model fails on its own inputs is the user's to fix
     elif Path(model).suffix.lower() in CHECKPOINT_SUFFIXES or Path(model).is_dir():
         raise unsupported_source(Path(model))
-    elif Path(model).is_file() and Path(model).suffix.lower() != ".onnx":
+    elif Path(model).is_file() and Path(model).suffix.lower() not in (".onnx", ".pt2"):  # (.pt2: load_source)
         from trtforge.core.manifest import read_manifest, verify_engine_file
 
         verify_engine_file(model, read_manifest(model))  # refuse a tampered engine, as inspect does
@@ -242,6 +239,7 @@ def report_cmd(
     for text in tolerances:  # the same key twice adds up (a later value of one field wins), never drops
         key, fields = parse_tolerance(text)
         tol.setdefault(key, {}).update(fields)
+    calibration_data = params.pop("calib_data")  # (the report's INT8 targets take it, not the policy)
     policy = from_params(PrecisionOptions, params)
     calib = {"method": policy.calib_method, "smoothquant": policy.smoothquant}
     result = build_report(
@@ -331,7 +329,7 @@ def _why_none(report: Report) -> str:
 
 _LM_ONLY = ("text", "variants", "windows", "window_len", "chunk", "prompt_len", "new_tokens", "device")
 _ENCODER_ONLY = (
-    "targets", "reference", "data", "calibration_data", "calib_method", "smoothquant", "no_smoothquant",
+    "targets", "reference", "data", "calib_data", "calib_method", "smoothquant", "no_smoothquant",
     "int8_rest", "seq", "warmup", "runs", "tolerances", "output_names",
 )  # fmt: skip
 
