@@ -207,6 +207,14 @@ BAD_CASES = {
         lambda d: [str(d / "m.onnx"), "--dynamic", "batch", "--output-name", "y"],
         "--dynamic, --output-name only apply when exporting a torch module",
     ),
+    "a step-engine option without --generate": (
+        lambda d: [str(d / "m.onnx"), "--max-seq", "128"],
+        "--max-seq only applies with --generate",  # (was "--max-seq only apply")
+    ),
+    "step-engine options without --generate": (
+        lambda d: [str(d / "m.onnx"), "--max-seq", "128", "--max-batch", "2"],
+        "--max-seq, --max-batch only apply with --generate",
+    ),
     "fp16 option in fp32": (
         lambda d: [str(d / "m.onnx"), "--keep-fp32", "Relu"],
         "--keep-fp32 only applies to FP16/BF16 graphs",
@@ -380,3 +388,16 @@ def test_a_step_engine_build_leaves_stderr_clean(tmp_path, capfd) -> None:
     assert main([*argv, "--max-seq", "32", "--max-batch", "2", "--exporter", "legacy", "-q"]) == 0
     err = capfd.readouterr().err
     assert err == "", err
+
+
+@pytest.mark.trt_build
+def test_an_ignored_timing_cache_is_said_not_only_recorded(tmp_path, capsys) -> None:
+    """The README's backend table says TensorRT-RTX ignores --timing-cache "(warned)". Before: the
+    warning went only into the manifest's build record; the command printed nothing of it."""
+    model = tiny_onnx(tmp_path / "m.onnx")
+    cache = tmp_path / "t.cache"
+    argv = ["compile", str(model), "-o", str(tmp_path / "m.engine"), "--timing-cache", str(cache)]
+    rc, out = _run(argv, capsys)
+    assert rc == 0, out
+    assert "warning: --timing-cache ignored" in " ".join(out.split())
+    assert not cache.exists()

@@ -605,10 +605,14 @@ CASES: dict[str, tuple[Setup, str]] = {
         _engine_removed("inspect", "m.engine.json"),
         r"engine file 'm\.engine' does not exist; only its manifest 'm\.engine\.json' is here",
     ),
-    "report --calibration-data without an INT8 target": (
-        _tiny("report", "m.onnx", "-o", "rep", "--targets", "ort,ort-fp16", "--calibration-data", "m.onnx"),
-        r"--calibration-data feeds only the INT8 targets \(ort-int8, trt-int8\), and none of this report's "
+    "report --calib-data without an INT8 target": (
+        _tiny("report", "m.onnx", "-o", "rep", "--targets", "ort,ort-fp16", "--calib-data", "m.onnx"),
+        r"--calib-data feeds only the INT8 targets \(ort-int8, trt-int8\), and none of this report's "
         r"targets \(ort, ort-fp16\) is one",
+    ),
+    "report --calibration-data (the older spelling) without an INT8 target": (
+        _tiny("report", "m.onnx", "-o", "rep", "--targets", "ort,ort-fp16", "--calibration-data", "m.onnx"),
+        r"--calib-data feeds only the INT8 targets",
     ),
     "export-triton: --max-queue-delay-us beyond uint64": (
         _triton("-o", "repo", "--max-queue-delay-us", "9" * 30),

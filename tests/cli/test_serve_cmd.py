@@ -374,3 +374,25 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tokenizer_with_named_te
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port} (Address already in use" in err, err
     assert "Traceback" not in err
+
+
+def test_a_slot_step_graph_is_served_within_its_own_batch(tmp_path, monkeypatch):
+    """Before: `trtforge serve step.onnx` (the slot graph compile --save-onnx writes) exited 2 with
+    "SchedulerConfig {'--max-num-seqs': 256} exceeds the step graph's limits": the server's default
+    batch was passed as if asked for. A graph's own limits are the defaults now, as an engine's are; a
+    --max-num-seqs past them is still refused by name."""
+    import onnx
+
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.calibration.data import DEMO_TOKENIZER, resolve_tokenizer
+    from trtforge.llm.compile.export import export_step
+
+    r = export_step(tiny_model("llama"), max_seq=64, max_batch=4, exporter="legacy", workdir=tmp_path)
+    onnx.save(r.model, str(tmp_path / "step.onnx"))
+    resolve_tokenizer(DEMO_TOKENIZER).save_pretrained(tmp_path / "tok")
+    served = _no_server(monkeypatch)
+    argv = ["serve", str(tmp_path / "step.onnx"), "--tokenizer", str(tmp_path / "tok"), "--port", "0"]
+    assert main(argv) in (0, None)
+    ((llm, _),) = served
+    assert llm.engine.config.max_num_seqs == 4
+    assert main([*argv, "--max-num-seqs", "8"]) == 2 and len(served) == 1

@@ -82,7 +82,11 @@ def test_unknown_backend_name(monkeypatch: pytest.MonkeyPatch) -> None:
         get_backend()
 
 
-def test_forced_missing_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("by_env", [True, False], ids=["by TRTFORGE_BACKEND", "by argument"])
+def test_forced_missing_backend(monkeypatch: pytest.MonkeyPatch, by_env: bool) -> None:
+    """A missing backend is named as it was asked for. Before: `--backend tensorrt` (get_backend's
+    argument), with TRTFORGE_BACKEND unset, read "TRTFORGE_BACKEND=tensorrt was requested ... or unset
+    TRTFORGE_BACKEND": a variable the user never set."""
     real_import = backend_mod._import
 
     def fake_import(name: str):
@@ -91,12 +95,21 @@ def test_forced_missing_backend(monkeypatch: pytest.MonkeyPatch) -> None:
         return real_import(name)
 
     monkeypatch.setattr(backend_mod, "_import", fake_import)
+    monkeypatch.delenv(backend_mod.BACKEND_ENV, raising=False)
+    if by_env:
+        monkeypatch.setenv(backend_mod.BACKEND_ENV, "tensorrt")
     backend_mod._load.cache_clear()
     try:
-        with pytest.raises(BackendUnavailableError, match="TRTFORGE_BACKEND=tensorrt.*pip install tensorrt"):
-            get_backend("tensorrt")
+        with pytest.raises(BackendUnavailableError) as info:
+            get_backend(None if by_env else "tensorrt")
     finally:
         backend_mod._load.cache_clear()
+    message = str(info.value)
+    assert "Python module 'tensorrt' is not importable" in message and "pip install tensorrt" in message
+    if by_env:
+        assert "TRTFORGE_BACKEND=tensorrt was requested" in message and "unset TRTFORGE_BACKEND" in message
+    else:
+        assert "TensorRT backend 'tensorrt' was requested" in message and "TRTFORGE_BACKEND" not in message
 
 
 @pytest.mark.trt_build

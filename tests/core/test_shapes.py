@@ -49,6 +49,13 @@ def test_derived_defaults_share_symbols_and_use_examples() -> None:
     assert set(derived) == {"input_ids", "attention_mask"}
 
 
+def test_derived_defaults_without_examples_take_opt_8_and_128() -> None:
+    """What the README and `compile --help` say of an ONNX source (no example inputs): 1/8/32 on dim 0,
+    1/128/512 on the others."""
+    profile, _ = resolve_profile([IDS, MASK], None)
+    assert profile["input_ids"] == profile["attention_mask"] == ShapeRange([1, 1], [8, 128], [32, 512])
+
+
 def test_user_range_propagates_to_symbol_peers() -> None:
     profile, derived = resolve_profile([IDS, MASK], ["input_ids:1x1:4x64:8x256"])
     assert profile["attention_mask"] == ShapeRange([1, 1], [4, 64], [8, 256])

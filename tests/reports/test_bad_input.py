@@ -131,7 +131,7 @@ def test_bad_arguments_are_user_errors(tmp_path, model_a):
     ("kwargs", "message"),
     [
         ({"data": "missing.npz"}, r"--data '.*missing\.npz' does not exist"),
-        ({"calibration_data": "missing.npz"}, r"--calibration-data '.*missing\.npz' does not exist"),
+        ({"calibration_data": "missing.npz"}, r"--calib-data '.*missing\.npz' does not exist"),
         ({"tolerances": {"no_such_output": {"atol": 1.0}}}, r"the model has no output 'no_such_output'"),
         ({"tolerances": {"trt-zz/": {"atol": 1.0}}}, r"no target 'trt-zz' in this report"),
     ],
@@ -183,7 +183,7 @@ def test_a_tokenizer_nothing_reads_is_refused(tmp_path, model_a):
         _check_tokenizer_read("demo", data, calibration)  # read: no error
     _check_tokenizer_read(None, npz, None)
     with pytest.raises(
-        UserError, match=r"and no --data or --calibration-data is given \(inputs are generated"
+        UserError, match=r"and no --data or --calib-data is given \(inputs are generated"
     ):
         build_report(str(model_a), targets=["ort"], tokenizer="demo", out_dir=tmp_path / "o", **FAST)
     with pytest.raises(
@@ -284,3 +284,13 @@ def test_a_model_without_inputs(tmp_path):
     assert [(a.target, a.output, a.passed) for a in r.report.accuracy] == [("ort-fused", "y", True)]
     (row,) = compare_target(TargetRun("ort", []), TargetRun("t", []), "fp32")
     assert row.status == "not_compared" and "no accuracy inputs" in row.reason
+
+
+def test_a_torch_export_archive_is_refused_as_what_it_is(tmp_path):
+    """Before: a .pt2 source was read as an engine without its manifest: "'m.pt2' is a model, not an
+    engine". The message now says report does not take torch.export archives, and what to pass."""
+    archive = tmp_path / "m.pt2"
+    archive.write_bytes(b"PK\x03\x04")  # (refused by its suffix: the archive is never opened)
+    with pytest.raises(UserError, match=r"is a torch\.export archive, which report does not take") as info:
+        build_report(str(archive), targets=["ort"], out_dir=tmp_path / "o", **FAST)
+    assert "--save-onnx" in str(info.value) and not (tmp_path / "o").exists()

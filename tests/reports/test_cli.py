@@ -389,3 +389,11 @@ def test_check_fails_when_a_latency_point_fails(tmp_path, capsys):
     assert "accuracy check failed" not in text  # the accuracy inputs (length 8) ran and matched
     rc, text = _run([*argv, "--no-check"], capsys)
     assert rc == 0, text
+
+
+def test_a_torch_export_archive_is_refused_as_what_it_is(tmp_path, capsys):
+    """Before: `trtforge report m.pt2` read the archive as an engine without its manifest ("'m.pt2' is a
+    model, not an engine"); now it says report does not take torch.export archives, and what to pass."""
+    (tmp_path / "m.pt2").write_bytes(b"PK\x03\x04")
+    rc, text = _run(["report", str(tmp_path / "m.pt2"), "-o", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert rc == 2 and "is a torch.export archive, which report does not take" in " ".join(text.split()), text

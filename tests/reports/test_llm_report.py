@@ -179,7 +179,8 @@ def test_html_in_headless_chromium(report):
         (["--text", str(TEXT), "--windows", "2", "--window-len", "100000"], "--window-len"),
         (["--text", str(TEXT), "--targets", "ort"], "--targets"),
         # was dropped: onnx-int8 was SmoothQuant'd as if it had not been given
-        (["--text", str(TEXT), "--no-smoothquant"], "--no-smoothquant only apply to an output comparison"),
+        (["--text", str(TEXT), "--no-smoothquant"], "--no-smoothquant only applies to an output comparison"),
+        (["--text", str(TEXT), "--no-smoothquant", "--seq", "64"], "--no-smoothquant, --seq only apply to"),
         ([], "--generate needs --text"),
         # was a report whose every serving variant was refused for SchedulerConfig.max_num_seqs, exit 0
         (["--text", str(TEXT), "--batch", "65537"], "--batch 65537: the serving engine runs at most 65536"),

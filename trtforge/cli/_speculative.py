@@ -21,7 +21,8 @@ def speculative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--speculative-model",
         "speculative_model",
         default=None,
-        help="Draft model directory (same tokenizer as MODEL) for --speculative-method draft.",
+        help="Draft model (save_pretrained directory or module:factory; the tokenizer of MODEL) for "
+        "--speculative-method draft, which it implies.",
     )(fn)
     return click.option(
         "--speculative-method",

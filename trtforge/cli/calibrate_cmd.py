@@ -33,6 +33,9 @@ Examples:
     PrecisionOptions,
     only=("calib_method", "calib_samples", "tokenizer", "smoothquant", "accuracy_target", "calib_cache"),
     flags={"calib_method": ("--method",), "calib_samples": ("--samples",)},
+    more_help={
+        "calib_cache": "Default: OUTPUT's name ending .calib.cache (-o m.int8.onnx: m.int8.calib.cache)."
+    },
 )
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="For --method percentile.")
 @click.option(
@@ -62,7 +65,7 @@ Examples:
     "--report", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the record JSON."
 )
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
-@click.option("--quiet", is_flag=True, help="No progress bar or summary table.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
 def calibrate_cmd(
     model,
     data,

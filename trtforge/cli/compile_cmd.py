@@ -35,7 +35,7 @@ Attention is fused into TensorRT's attention layer when the graph is FP16/BF16
 attention does not build in FP32). Verification is skipped above 2 GiB of weights.
 \b
 Dynamic inputs without --shape get derived ranges (dim 0: 1..32, others 1..512,
-opt from the example inputs), within the model's known limits (a Hugging Face
+opt from the example inputs, else 8 and 128), within the model's known limits (a Hugging Face
 config's positions or image size, a position table in the graph); they are
 printed so you can paste and adjust them. A --shape beyond a known limit is
 refused. Before the build the graph runs in ONNX Runtime at each profile's MIN

@@ -180,4 +180,5 @@ def refuse_generate_options(ctx: click.Context) -> None:
     """Without --generate, the step-engine options do not apply: refuse them by name, never drop them."""
     given = given_flags(ctx, _GENERATE_ONLY)
     if given:
-        raise click.UsageError(f"{', '.join(given)} only apply with --generate (a KV-cache step engine).")
+        verb = "applies" if len(given) == 1 else "apply"
+        raise click.UsageError(f"{', '.join(given)} only {verb} with --generate (a KV-cache step engine).")

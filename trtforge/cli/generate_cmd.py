@@ -105,6 +105,7 @@ def _parse_ids(text: str) -> list[int]:
     "--json-schema",
     "json_schema",
     default=None,
+    metavar="FILE",
     help="A JSON Schema file: the output is JSON valid against it (needs a tokenizer).",
 )
 @executor_option

@@ -94,6 +94,10 @@ def summarize_engine(engine: Path, manifest: Any) -> dict[str, Any]:
 
 
 INSPECT_JSON = """\b
+Examples:
+  trtforge inspect model.onnx
+  trtforge inspect model.engine --json
+\b
 --json prints one object; an ONNX model and an engine share these keys:
   kind       "onnx" or "engine"
   path       the file inspected (an engine's, also when FILE is its manifest)
@@ -113,13 +117,7 @@ backend, profiles, source, build_options, records, generation, ...).
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def inspect_cmd(file: str, as_json: bool) -> None:
-    """Summarize FILE: an ONNX model (I/O, opset, op histogram) or an engine (its manifest).
-
-    \b
-    Examples:
-      trtforge inspect model.onnx
-      trtforge inspect model.engine --json
-    """
+    """Summarize FILE: an ONNX model (I/O, opset, op histogram) or an engine (its manifest)."""
     from rich.console import Console
 
     from trtforge.cli._render import generation_line, manifest_tables, onnx_tables, print_all

@@ -31,7 +31,8 @@ SHORT_HELP: dict[str, str] = {
     "report": "Accuracy and latency of torch / ONNX Runtime / TensorRT variants, as HTML, Markdown, JSON.",
     "optimize": "Fuse LayerNorm, GELU, QKV and attention in an ONNX model, verified pass by pass.",
     "export-triton": "Write an engine into a Triton Inference Server model repository.",
-    "generate": "Continue prompts with a step graph (ONNX Runtime) or a HF model (torch), streaming tokens.",
+    "generate": "Continue prompts with a step graph (ONNX Runtime), a step engine (TensorRT) or a HF model "
+    "(torch), streaming tokens.",
     "serve": "Serve a model over OpenAI's HTTP API (completions, chat, streaming, /metrics).",
 }
 

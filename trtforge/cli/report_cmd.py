@@ -66,7 +66,7 @@ report is replaced whole (staged beside it, then swapped in): a failed or
 interrupted run leaves the earlier report as it was. An OUT holding other files
 too keeps them; the three files are replaced together.
 Exit codes (so a report can gate CI): 0 ok; 2 bad input, including --data the
-reference target rejects or --calibration-data that does not fit the model
+reference target rejects or --calib-data that does not fit the model
 (nothing is written then: an earlier report stays), an engine that does not match
 its manifest, and a --reference this machine cannot run (the message names the
 targets that can); 3 when the reference or any target
@@ -98,7 +98,15 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 @click.command("report", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model")
-@click.option("-o", "--out-dir", required=True, type=click.Path(file_okay=False), help="Report directory.")
+@click.option(
+    "-o",
+    "--output",
+    "--out-dir",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Report directory.",
+)
 @click.option(
     "--targets", "targets", multiple=True, metavar="A,B,...", help="Targets to compare. Repeatable."
 )
@@ -108,10 +116,12 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     help="Target the others are compared with (default torch, else ort); it must run here.",
 )
 @click.option("--data", default=None, help="Accuracy inputs (see below); default: generated.")
-@click.option(
-    "--calibration-data", default=None, help="INT8 calibration data (default: --data, else generated)."
+@option_group(
+    PrecisionOptions,
+    only=("calib_data", "calib_method", "smoothquant", "int8_rest", "tokenizer"),
+    flags={"calib_data": ("--calib-data", "--calibration-data")},
+    more_help={"calib_data": "Default: --data, else generated."},
 )
-@option_group(PrecisionOptions, only=("calib_method", "smoothquant", "int8_rest", "tokenizer"))
 @click.option("--batch", "batch", default="1,8", show_default=True, help="Batch sizes of the latency sweep.")
 @click.option("--seq", "seq", default="128", show_default=True, help="Sequence lengths of the latency sweep.")
 @click.option(
@@ -190,7 +200,6 @@ def report_cmd(
     targets: tuple[str, ...],
     reference: str | None,
     data: str | None,
-    calibration_data: str | None,
     batch: str,
     seq: str,
     warmup: int,
@@ -223,7 +232,7 @@ def report_cmd(
         check_forward(*source)  # a factory whose model fails on its own inputs is the user's to fix
     elif Path(model).suffix.lower() in CHECKPOINT_SUFFIXES or Path(model).is_dir():
         raise unsupported_source(Path(model))
-    elif Path(model).is_file() and Path(model).suffix.lower() != ".onnx":
+    elif Path(model).is_file() and Path(model).suffix.lower() not in (".onnx", ".pt2"):  # (.pt2: load_source)
         from trtforge.core.manifest import read_manifest, verify_engine_file
 
         verify_engine_file(model, read_manifest(model))  # refuse a tampered engine, as inspect does
@@ -234,6 +243,7 @@ def report_cmd(
     for text in tolerances:  # the same key twice adds up (a later value of one field wins), never drops
         key, fields = parse_tolerance(text)
         tol.setdefault(key, {}).update(fields)
+    calibration_data = params.pop("calib_data")  # (the report's INT8 targets take it, not the policy)
     policy = from_params(PrecisionOptions, params)
     calib = {"method": policy.calib_method, "smoothquant": policy.smoothquant}
     result = build_report(
@@ -323,7 +333,7 @@ def _why_none(report: Report) -> str:
 
 _LM_ONLY = ("text", "variants", "windows", "window_len", "chunk", "prompt_len", "new_tokens", "device")
 _ENCODER_ONLY = (
-    "targets", "reference", "data", "calibration_data", "calib_method", "smoothquant", "no_smoothquant",
+    "targets", "reference", "data", "calib_data", "calib_method", "smoothquant", "no_smoothquant",
     "int8_rest", "seq", "warmup", "runs", "tolerances", "output_names",
 )  # fmt: skip
 
@@ -333,7 +343,8 @@ def _refuse_other_mode(ctx: click.Context, generate: bool) -> None:
     given = given_flags(ctx, _ENCODER_ONLY if generate else _LM_ONLY)
     if given:
         where = "an output comparison (no --generate)" if generate else "--generate (a causal LM report)"
-        raise click.UsageError(f"{', '.join(given)} only apply to {where}.")
+        verb = "applies" if len(given) == 1 else "apply"
+        raise click.UsageError(f"{', '.join(given)} only {verb} to {where}.")
     if generate and not ctx.params.get("text"):
         raise UserError("--generate needs --text FILE: the text the variants' perplexity is measured on.")
 

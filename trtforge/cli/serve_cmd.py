@@ -29,8 +29,9 @@ Then any OpenAI client works against it:
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
        -d '{"model": "llama-dir", "prompt": "def read_json(path):", "max_tokens": 32}'
 \b
-MODEL: a Hugging Face save_pretrained directory or module:factory (torch executor), a paged step
-graph (.onnx, ONNX Runtime) or a paged step engine (.engine, TensorRT). The tokenizer comes from
+MODEL: a Hugging Face save_pretrained directory or module:factory (torch executor), a step graph
+(.onnx of either cache layout, ONNX Runtime; a slot graph's batch is its --max-batch) or a paged step
+engine (.engine, TensorRT). The tokenizer comes from
 MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/chat/completions,
 /v1/models, /health, /metrics (Prometheus). SIGTERM drains requests in flight (up to
 --shutdown-grace seconds; new ones get 503) and exits 0; a second signal stops at once (exit 143).
@@ -93,15 +94,16 @@ def _at_most(bound: str) -> Any:
     default=0.9,
     show_default=True,
     type=float,
-    help="Share of the GPU memory left after weights and activations that the KV cache takes.",
+    help="Share of the GPU memory left after weights and activations that the KV cache takes, in (0, 1].",
 )
 @click.option(
     "--max-num-seqs",
     default=None,
     type=click.IntRange(1),
     callback=_at_most("MAX_NUM_SEQS"),
-    help="Sequences per batch (default 256). More raise throughput on short requests where the KV pool "
-    "holds them (an 8B model on an H200: 512 gave 5% more at 128 in / 128 out), at some latency per token.",
+    help="Sequences per batch (default 256; a step engine's or slot graph's own --max-batch). More raise "
+    "throughput on short requests where the KV pool holds them (an 8B model on an H200: 512 gave 5% more "
+    "at 128 in / 128 out), at some latency per token.",
 )
 @click.option(
     "--max-num-batched-tokens",
@@ -228,7 +230,7 @@ def serve_cmd(
 
     from trtforge.cli._options import arguments_as_flags
     from trtforge.errors import UserError
-    from trtforge.llm import ServingLLM, from_pretrained, load, sizing
+    from trtforge.llm import from_pretrained, load, sizing
     from trtforge.llm.server.run import ServeOptions, _imports, listen, run
     from trtforge.llm.text import (
         chat_template_by_name,
@@ -275,8 +277,10 @@ def serve_cmd(
     if max_prefill_tokens_with_decodes is not None:
         config = dataclasses.replace(config, max_prefill_tokens_with_decodes=max_prefill_tokens_with_decodes)
     limits = (max_num_seqs, max_num_batched_tokens, max_prefill_tokens_with_decodes)
-    if executor == "tensorrt" and all(x is None for x in limits):
-        config = None  # a step engine's profiles bound the batch: its own limits are the defaults
+    if executor != "torch" and all(x is None for x in limits):
+        # a step engine's profiles, a slot graph's export sizes bound the batch: their own limits are the
+        # defaults (256 sequences, the server's default, made a slot graph of --max-batch 8 refuse to load)
+        config = None
     sizes = {
         "num_blocks": num_blocks,
         "max_model_len": max_model_len,
@@ -308,12 +312,6 @@ def serve_cmd(
     except BaseException:
         sock.close()
         raise
-    if not isinstance(llm, ServingLLM):
-        sock.close()
-        raise UserError(
-            f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "
-            "export with cache_layout='paged' or serve the save_pretrained directory."
-        )
     sized = getattr(llm, "pool_size", None)
     if sized is not None:  # the startup line: the pool and what its sizing set aside (graphs included)
         print(

@@ -364,10 +364,13 @@ def build_engine(
     limits: ShapeLimits | None = None,
     check_profile: Callable[[dict[str, ShapeRange]], dict[str, Any]] | None = None,
     source: str | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> tuple[bytes, BuildRecord]:
     """Parse `onnx_path` and build a serialized engine; raises UserError for bad models/options.
 
     `source` names the graph in messages when `onnx_path` is a temporary staged file (what the user gave).
+    `on_warning` hears trtforge's own warnings (an ignored timing cache, attention built decomposed) as
+    they are recorded, so a caller can show them; TensorRT's own are only kept in the record.
 
     `limits` bound derived ranges and refuse user ranges beyond them; `check_profile(profile)` runs
     before the builder (the pipeline passes the ONNX Runtime MIN/MAX check) and its record is kept.
@@ -453,6 +456,8 @@ def build_engine(
             "builds of WavLM, PVT and MobileViT)."
         )
     seconds["build"] = time.perf_counter() - t1
+    for warning in warnings if on_warning is not None else ():
+        on_warning(warning)
     if cache is not None:
         atomic_write_bytes(options.timing_cache, memoryview(cache.serialize()))
     warnings += [m for sev, m in messages if sev == "WARNING"][:50]

@@ -100,7 +100,7 @@ def compile_model(
 ) -> CompileResult:
     """Compile `model` (nn.Module, .onnx, .pt2 path, or 'module:factory') into `output` (an .engine).
 
-    Defaults are the policy's (`compiler.policy`, `compiler.build.BuildOptions`), shared with the CLI.
+    Defaults are the policy's (`core.policy`, `compiler.build.BuildOptions`), shared with the CLI.
     `passes=None` skips the fusion passes; `precision` is "fp32"|"fp16"|"bf16"|"int8" or a
     PrecisionOptions (calibration data, FP32 islands, ...). Options that do not apply to the source
     or precision are refused. Writes the engine and `<output>.json` atomically; nothing is left
@@ -198,6 +198,7 @@ def compile_model(
                 limits=limits,
                 check_profile=lambda profile: check_profile(onnx_path, profile),
                 source=_staged_name(model, [s.name for s in stages]) if onnx_path != art.path else None,
+                on_warning=lambda message: log(f"warning: {message}"),
             )
         session.records["build"] = build_record.to_dict()
         manifest = session.manifest(

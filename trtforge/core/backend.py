@@ -374,11 +374,18 @@ def _import(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def _missing_message(requested: str | None) -> str:
+def _missing_message(requested: str | None, from_env: bool) -> str:
+    """Why no backend loads; a requested one is named as it was asked for: by $TRTFORGE_BACKEND, or by
+    argument (`--backend`, `backend=`, an engine's manifest), where the variable is not set at all."""
     if requested:
+        how, undo = (
+            (f"{BACKEND_ENV}={requested} was requested", f", or unset {BACKEND_ENV}")
+            if from_env
+            else (f"TensorRT backend '{requested}' was requested", "")
+        )
         return (
-            f"{BACKEND_ENV}={requested} was requested but Python module '{requested}' is not importable. "
-            f"Install it with: {_PIP_HINT[requested]}, or unset {BACKEND_ENV}."
+            f"{how} but Python module '{requested}' is not importable. "
+            f"Install it with: {_PIP_HINT[requested]}{undo}."
         )
     return (
         "No TensorRT backend is installed. trtforge needs one to build engines; install either "
@@ -387,7 +394,7 @@ def _missing_message(requested: str | None) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(requested: str | None) -> Backend:
+def _load(requested: str | None, from_env: bool = False) -> Backend:
     candidates = [requested] if requested else list(BACKEND_NAMES)
     for name in candidates:
         try:
@@ -395,7 +402,7 @@ def _load(requested: str | None) -> Backend:
         except ImportError:
             continue
         return Backend(name, module)
-    raise BackendUnavailableError(_missing_message(requested))
+    raise BackendUnavailableError(_missing_message(requested, from_env))
 
 
 def get_backend(name: str | None = None) -> Backend:
@@ -406,7 +413,7 @@ def get_backend(name: str | None = None) -> Backend:
             f"unknown TensorRT backend '{requested}' (from {'argument' if name else BACKEND_ENV}); "
             f"expected one of {', '.join(BACKEND_NAMES)}."
         )
-    return _load(requested)
+    return _load(requested, from_env=not name and requested is not None)
 
 
 def backend_available(name: str | None = None) -> bool:

@@ -423,7 +423,8 @@ def from_pretrained(
     `speculative`: speculative decoding (:class:`~trtforge.llm.spec.config.SpeculativeConfig`), e.g.
     ``{"method": "draft", "model": DIR, "num_tokens": 4}`` or ``{"method": "ngram", "num_tokens": 4}``.
     Greedy output is token for token the same; sampled output has the same distribution. Steps run
-    synchronously then; requests with a grammar, logprobs or penalties decode without speculating.
+    synchronously then; requests with a grammar, logprobs, penalties or a logit_bias decode without
+    speculating.
 
     `tensor_parallel_size` N > 1 splits the model over N worker processes (Megatron-style: heads, KV
     heads and MLP width divided, :mod:`trtforge.llm.executors.tensor_parallel`): gloo on the CPU, one

@@ -318,12 +318,12 @@ def build_report(
     names, reference = _pick_reference(names, reference, src)
     check_out_dir(out_dir)
     _check_data_path(data, "--data")
-    _check_data_path(calibration_data, "--calibration-data")
+    _check_data_path(calibration_data, "--calib-data")
     _check_tokenizer_read(tokenizer, data, calibration_data)
     if calibration_data is not None and not set(names) & set(INT8_TARGETS):
         raise UserError(
-            f"--calibration-data feeds only the INT8 targets ({', '.join(INT8_TARGETS)}), and none of this "
-            f"report's targets ({', '.join(names)}) is one: add one to --targets, or drop --calibration-data."
+            f"--calib-data feeds only the INT8 targets ({', '.join(INT8_TARGETS)}), and none of this "
+            f"report's targets ({', '.join(names)}) is one: add one to --targets, or drop --calib-data."
         )
     notes: list[str] = []
     with work_directory("trtforge-report-") as workdir:
@@ -517,13 +517,13 @@ def _is_text_file(value: Any) -> bool:
 
 
 def _check_tokenizer_read(tokenizer: Any, data: Any, calibration_data: Any) -> None:
-    """A tokenizer only tokenizes a text file of sentences given as --data or --calibration-data; one
+    """A tokenizer only tokenizes a text file of sentences given as --data or --calib-data; one
     given where neither is such a file was dropped without a word (the inputs came from arrays, or were
     generated), so a report meant to measure the user's sentences measured other inputs. Refused."""
     if tokenizer is None or _is_text_file(data) or _is_text_file(calibration_data):
         return
     given = []
-    for option, value in (("--data", data), ("--calibration-data", calibration_data)):
+    for option, value in (("--data", data), ("--calib-data", calibration_data)):
         if isinstance(value, (str, os.PathLike)):
             given.append(f"{option} '{show_path(value)}'")
         elif value is not None:
@@ -531,26 +531,26 @@ def _check_tokenizer_read(tokenizer: Any, data: Any, calibration_data: Any) -> N
     where = (
         f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} not one (arrays or module:function)"
         if given
-        else "no --data or --calibration-data is given (inputs are generated from the model's input specs)"
+        else "no --data or --calib-data is given (inputs are generated from the model's input specs)"
     )
     name = type(tokenizer).__name__
     if isinstance(tokenizer, (str, os.PathLike)):
         name = shown(os.fspath(tokenizer))
     raise UserError(
         f"--tokenizer (tokenizer=) {name} would not be used: it only tokenizes a text file of sentences "
-        f"given as --data or --calibration-data, and {where}. Drop --tokenizer, or give the sentences file."
+        f"given as --data or --calib-data, and {where}. Drop --tokenizer, or give the sentences file."
     )
 
 
 def _check_calibration_data(prep: Preparer, calibration_data: Any, tokenizer: Any) -> None:
-    """--calibration-data that does not fit the model is bad input, a UserError before any target is
+    """--calib-data that does not fit the model is bad input, a UserError before any target is
     prepared (inside the INT8 target it failed only that row, and the report exited 3, a failed check)."""
     if calibration_data is None or prep.graph("ort").error is not None:
         return  # (no graph to check against: the targets' rows say why)
     from trtforge.calibration.data import input_specs_from_model, load_dataset
 
     specs = input_specs_from_model(prep.graph("ort").proto)
-    load_dataset(calibration_data, specs, tokenizer=tokenizer, what="--calibration-data")
+    load_dataset(calibration_data, specs, tokenizer=tokenizer, what="--calib-data")
 
 
 def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: int, notes: list[str]):
@@ -567,7 +567,7 @@ def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: i
         specs = specs_from_onnx(prep.graph("ort").proto)
         notes.append(
             "INT8 was calibrated on generated random inputs: its accuracy here says little about real data. "
-            "Pass calibration_data (CLI: --calibration-data)."
+            "Pass calibration_data (CLI: --calib-data)."
         )
         return [generate_feed(specs, 4, seq, seed=100 + i) for i in range(4)], "generated random inputs"
 

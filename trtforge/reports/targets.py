@@ -459,13 +459,20 @@ def load_source(source: Any) -> Source:
             f"unsupported report source {type(source).__name__}: expected an .onnx path, an engine path "
             "or (nn.Module, example_inputs)."
         )
-    from trtforge._fileio import check_input_file
+    from trtforge._fileio import check_input_file, show_path
 
     path = check_input_file(source, "report source")
     if path.suffix.lower() == ".onnx":
         from trtforge.compiler.sources import from_onnx_file
 
         return Source("onnx", str(path), onnx_path=from_onnx_file(path).path)
+    if path.suffix.lower() == ".pt2":  # (read_manifest called it "a model, not an engine")
+        raise UserError(
+            f"report source '{show_path(path)}' is a torch.export archive, which report does not take: it "
+            "compares an .onnx, an engine or a module:factory. Export it first, e.g. `trtforge compile "
+            f"{show_path(path)} -o MODEL.engine --save-onnx MODEL.onnx`, and report on MODEL.onnx or the "
+            "engine."
+        )
     from trtforge.core.manifest import read_manifest
 
     manifest = read_manifest(path)  # UserError when it is neither ONNX nor an engine with a manifest
