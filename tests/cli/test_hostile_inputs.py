@@ -4,6 +4,7 @@ and nothing left behind. Same harness as test_bad_inputs (its `workdir` fixture 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -238,3 +239,33 @@ def test_report_progress_shows_a_bracketed_target_literally() -> None:
     bar = StepProgress(True, 2)
     with bar.running():
         bar.step("running onnx=[/x]/m.onnx", advance=1)
+
+
+def test_optimize_fp16_that_loses_an_output_says_so_and_records_the_check(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Before: `optimize --precision fp16` of a graph whose FP16 form outputs zeros (an activation below
+    FP16's subnormals) printed "4 nodes converted" and exit 0; the check against FP32 that saw it was
+    dropped, and --ledger held no word of the conversion. Now a warning names the output, the summary line
+    gives the check, and the ledger holds the conversion's record under "precision"."""
+    import json
+
+    import onnx
+
+    from tests.passes.precision.test_convert import flushing_activation
+    from trtforge.cli.main import main
+
+    onnx.save(flushing_activation(), str(workdir / "act.onnx"))
+    rc = main(["optimize", "act.onnx", "-o", "o.onnx", "--precision", "fp16", "--ledger", "l.json"])
+    out, err = capfd.readouterr()
+    assert rc == 0, out + err
+    assert re.search(
+        r"^warning: FP16 conversion: output 'y' agrees with the FP32 model's to a cosine of only "
+        r"0\.000 .*--keep-fp32",
+        err,
+        re.M,
+    ), err
+    assert "vs FP32 in exact ORT: min cosine 0.000000" in " ".join(out.split()), out
+    check = json.loads((workdir / "l.json").read_text())["precision"]["verification"]
+    assert [c["name"] for c in check] == ["y"] and check[0]["min_cosine"] < 0.5
