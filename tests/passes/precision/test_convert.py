@@ -19,6 +19,7 @@ from trtforge.passes.precision.observe import generate_feeds
 from trtforge.passes.precision.verify import emulate_in_fp32
 
 RNG = np.random.default_rng(0)
+LOW = {"fp16": TP.FLOAT16, "bf16": TP.BFLOAT16}
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
@@ -360,6 +361,33 @@ def test_values_read_inside_subgraphs_stay_fp32() -> None:
     for c in (True, False):
         (got,) = _run(out, {"x": x, "cond": np.array(c)})
         np.testing.assert_allclose(got, _run(model, {"x": x, "cond": np.array(c)})[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_low_precision_io_with_an_input_returned_and_an_input_read_in_a_subgraph(precision: str) -> None:
+    """keep_io_types=False (--low-precision-io) on graphs whose float input is (a) also a graph output,
+    (b) read inside an If branch. Before: (a) the check's emulation renamed the input and ONNX Runtime
+    asked for 'x__emu_raw' (ValueError); (b) the branch's MatMul read the now FP16 input with its FP32
+    weight, a graph ONNX Runtime refuses (type error). Both were tracebacks (exit 1 in `optimize`)."""
+    returned = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_x()], [_x("y"), _x()])
+    w = RNG.standard_normal((16, 16)).astype(np.float32)
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"])], "then", [], [_x("t")])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [_x("e")])
+    nodes = [helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g, else_branch=else_g)]
+    branch = _model(nodes, [_x(), helper.make_tensor_value_info("cond", TP.BOOL, [])], [_x("y")], [("w", w)])
+    x = RNG.standard_normal((2, 16)).astype(np.float32)
+    for model, feeds in (
+        (returned, [{"x": x}]),
+        (branch, [{"x": x, "cond": np.array(c)} for c in (True, False)]),
+    ):
+        out, rec = convert_precision(model, precision, keep_io_types=False, data=feeds)
+        assert _dtypes(out)["x"] == LOW[precision] and not rec.check_problems()
+        onnx.checker.check_model(out, full_check=True)  # (types inside the branch too)
+        if precision == "fp16":  # (ONNX Runtime's CPU provider has almost no BF16 kernels)
+            for feed in feeds:
+                got = _run(out, {k: v.astype(np.float16) if k == "x" else v for k, v in feed.items()})
+                for g, ref in zip(got, _run(model, feed)):
+                    np.testing.assert_allclose(g.astype(np.float32), ref, atol=2e-2, rtol=1e-2)
 
 
 def test_generated_feeds_stay_within_the_position_table() -> None:
