@@ -269,3 +269,27 @@ def test_optimize_fp16_that_loses_an_output_says_so_and_records_the_check(
     assert "vs FP32 in exact ORT: min cosine 0.000000" in " ".join(out.split()), out
     check = json.loads((workdir / "l.json").read_text())["precision"]["verification"]
     assert [c["name"] for c in check] == ["y"] and check[0]["min_cosine"] < 0.5
+
+
+def test_optimize_fp16_of_an_fp16_model_says_it_was_not_converted_again(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Before: "fp16: 0 nodes converted, 0 kept FP32" and nothing of why (the model holds FP16 already)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtforge.cli.main import main
+
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT16, ["b", 4])  # noqa: E731
+    w = numpy_helper.from_array(np.ones((4, 4), np.float16), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g", [vi("x")], [vi("y")], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(workdir / "h.onnx"))
+    rc = main(["optimize", "h.onnx", "-o", "o.onnx", "--precision", "fp16"])
+    out = " ".join("".join(capfd.readouterr()).split())
+    assert rc == 0, out
+    assert (
+        "precision fp16: already-low-precision (model already has 4 FP16 tensors; not converted again)" in out
+    )
+    assert "nodes converted" not in out

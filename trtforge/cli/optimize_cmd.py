@@ -145,7 +145,9 @@ def optimize_cmd(
         console.print(f"opset raised {record.opset_before} -> {record.opset_after}")
     if record.verify_skipped_reason:
         console.print(f"[yellow]verification skipped: {plain(record.verify_skipped_reason)}")
-    if precision_record is not None:
+    if precision_record is not None and precision_record.status != "converted":  # (an FP16 model as given)
+        console.print(plain(precision_record.summary()))
+    elif precision_record is not None:
         p = ledger_json["precision"]
         console.print(
             f"{precision.mode}: {p['low_precision_nodes']} nodes converted, {p['fp32_nodes']} kept FP32 "
