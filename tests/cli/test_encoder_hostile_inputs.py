@@ -153,6 +153,19 @@ def _manifest(content: bytes) -> Setup:
     return setup
 
 
+def _engine_a_pipe(*argv: str) -> Setup:
+    """`argv` after a stand-in engine's file is replaced by a named pipe (its manifest left beside it)."""
+
+    def setup(d: Path) -> list[str]:
+        import os
+
+        _engine(d).unlink()
+        os.mkfifo(d / "m.engine")
+        return list(argv)
+
+    return setup
+
+
 def _build_record(build: object) -> Setup:
     """inspect --json of a stand-in engine whose manifest's records.build is `build` (the manifest is
     otherwise consistent: records are free-form; only --json reads the axis names there)."""
@@ -621,6 +634,11 @@ CASES: dict[str, tuple[Setup, str]] = {
     "inspect: the manifest of an engine that is gone": (
         _engine_removed("inspect", "m.engine.json"),
         r"engine file 'm\.engine' does not exist; only its manifest 'm\.engine\.json' is here",
+    ),
+    # (it said the engine "does not exist; only its manifest is here")
+    "inspect: the engine file is a pipe": (
+        _engine_a_pipe("inspect", "m.engine.json"),
+        r"engine file 'm\.engine' is not a regular file \(a pipe or device\?\); expected a file",
     ),
     # (each ended in a traceback, exit 1: 'int' object has no attribute 'get', is not iterable, unhashable)
     "inspect --json: records.build not an object": (
