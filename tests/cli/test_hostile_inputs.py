@@ -137,6 +137,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         _tiny("optimize", "m.onnx", "-o", "o.onnx", "--ledger", "./o.onnx"),
         r"--ledger and -o name the same file 'o\.onnx'",
     ),
+    # (it was taken and did nothing: no data to tokenize)
+    "optimize --tokenizer without --precision-data": (
+        _tiny("optimize", "m.onnx", "-o", "o.onnx", "--precision", "fp16", "--tokenizer", "demo"),
+        r"--tokenizer tokenizes the text of --precision-data \(sentences\.txt\), which is not given",
+    ),
     "compile -o the factory's module (--force)": (
         lambda d: [
             *_factory("def make():  # a module of its own\n    return Lin(), (torch.zeros(2, 4),)\n")(d)[:2],

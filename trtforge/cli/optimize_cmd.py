@@ -81,6 +81,11 @@ def optimize_cmd(
             "`trtforge calibrate` on the optimized graph, or `trtforge compile --precision int8`."
         )
     check_precision(precision)
+    if precision.tokenizer is not None and precision.data is None:  # (it was taken and did nothing)
+        raise UserError(
+            "--tokenizer tokenizes the text of --precision-data (sentences.txt), which is not given: nothing "
+            "would read it. Pass --precision-data with --precision fp16/bf16, or drop --tokenizer."
+        )
     attention = resolve_attention(passes, precision)
     out_path = check_output_path(output, force=force)
     ledger_path = check_output_path(ledger, force=force, what="ledger") if ledger else None
