@@ -298,3 +298,31 @@ def test_optimize_fp16_of_an_fp16_model_says_it_was_not_converted_again(
         "precision fp16: already-low-precision (model already has 4 FP16 tensors; not converted again)" in out
     )
     assert "nodes converted" not in out
+
+
+def test_inspect_json_is_strict_json_when_a_manifest_holds_nan_or_infinity(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Python's json reads and writes NaN and Infinity (a record's exact-match SNR, a hand edit), which
+    are no JSON: `inspect --json | jq` failed on them. Now they print as null."""
+    import json
+
+    from tests.cli.test_encoder_hostile_inputs import _engine
+    from trtforge.cli.main import main
+
+    path = _engine(workdir).with_name("m.engine.json")
+    manifest = json.loads(path.read_text())
+    manifest["records"] = {
+        "check": {"snr_db": float("inf"), "cosine": float("nan"), "kept": [float("-inf"), 1.5]}
+    }
+    path.write_text(json.dumps(manifest))
+    rc = main(["inspect", "m.engine", "--json"])
+    out, err = capfd.readouterr()
+    assert rc == 0, out + err
+
+    def refuse(word: str) -> None:
+        raise AssertionError(f"{word} is not JSON")
+
+    doc = json.loads(out, parse_constant=refuse)
+    assert doc["records"]["check"] == {"snr_db": None, "cosine": None, "kept": [None, 1.5]}

@@ -147,6 +147,7 @@ INSPECT_JSON = """\b
 An ONNX model adds producer, opsets, nodes, ops, initializers, weight_bytes,
 weight_dtypes; an engine adds every key of its manifest (engine_sha256,
 backend, profiles, source, build_options, records, generation, ...).
+Numbers JSON cannot hold (NaN, infinity: a manifest record's) print as null.
 """
 
 
@@ -163,6 +164,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     """
     from rich.console import Console
 
+    from trtforge._fileio import json_finite
     from trtforge.cli._render import generation_line, manifest_tables, onnx_tables, print_all
     from trtforge.core.manifest import manifest_path_for, read_manifest, verify_engine_file
     from trtforge.errors import UserError
@@ -175,7 +177,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     if path.suffix.lower() == ".onnx":
         summary = summarize_onnx(path)
         if as_json:
-            click.echo(json.dumps(summary, indent=2))
+            click.echo(json.dumps(json_finite(summary), indent=2, allow_nan=False))
         else:
             print_all(console, onnx_tables(summary))
         return
@@ -183,7 +185,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     manifest = read_manifest(engine)
     verify_engine_file(engine, manifest)
     if as_json:
-        click.echo(json.dumps(summarize_engine(engine, manifest), indent=2))
+        click.echo(json.dumps(json_finite(summarize_engine(engine, manifest)), indent=2, allow_nan=False))
     else:
         print_all(console, manifest_tables(manifest, engine))
         if manifest.generation is not None:  # a decoder step engine (compile --generate)
