@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_bad_inputs import Setup, _factory, _tiny, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
+from tests.cli.test_bad_inputs import (
+    Setup,
+    _factory,
+    _graph_onnx,
+    _tiny,
+    _vi,
+    assert_exits_2_cleanly,
+    workdir,  # noqa: F401 - a fixture
+)
 from tests.models import tiny_onnx
 
 
@@ -136,6 +144,21 @@ CASES: dict[str, tuple[Setup, str]] = {
     "optimize --ledger equal to -o": (
         _tiny("optimize", "m.onnx", "-o", "o.onnx", "--ledger", "./o.onnx"),
         r"--ledger and -o name the same file 'o\.onnx'",
+    ),
+    # (it said "cannot run" and to give --verify-shape sizes: no size helps a graph ONNX Runtime refuses)
+    "optimize: two nodes of one name": (
+        _graph_onnx(
+            "dupnames",
+            lambda: [
+                __import__("onnx").helper.make_node("Relu", ["x"], ["a"], name="n"),
+                __import__("onnx").helper.make_node("Sigmoid", ["a"], ["y"], name="n"),
+            ],
+            lambda: [_vi("x", "FLOAT", ["b", 4])],
+            lambda: [_vi("y", "FLOAT", ["b", 4])],
+            command="optimize",
+        ),
+        r"ONNX Runtime cannot load the input model: .*two nodes with same node name \(n\)\. \(fix the model, "
+        r"or turn verification off: --no-verify\)\n$",
     ),
     # (it was taken and did nothing: no data to tokenize)
     "optimize --tokenizer without --precision-data": (
