@@ -23,6 +23,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common
 
+from trtforge.core.onnx_io import min_ir_version
 from trtforge.errors import TrtforgeWarning, UserError
 from trtforge.passes.precision.observe import observe
 from trtforge.passes.precision.record import KeptNode, PrecisionRecord
@@ -143,6 +144,8 @@ def convert_precision(
     target, why = _target_opset(work, precision, opset)
     if target > opset:
         work = onnx.version_converter.convert_version(work, target)
+        opsets = {o.domain: o.version for o in work.opset_import}
+        work.ir_version = max(work.ir_version, min_ir_version(opsets))
         record.opset_after = target
         record.notes.append(f"opset raised {opset} -> {target}: {why}")
     work = onnx.shape_inference.infer_shapes(work)
