@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import math
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from trtforge.errors import UserError
 
@@ -459,6 +460,19 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` (UTF-8; undecodable path bytes kept as they were) to `path` atomically."""
     with atomic_open(path, "wb") as f:
         f.write(text.encode("utf-8", "surrogateescape"))
+
+
+def json_finite(obj: Any) -> Any:
+    """`obj` (JSON-ready) with every inf/nan float, which JSON cannot represent, replaced by None (null),
+    recursively: Python's json writes them as the bare words NaN and Infinity, which strict parsers (jq,
+    JavaScript) refuse."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_finite(v) for v in obj]
+    return obj
 
 
 def sha256_bytes(data: bytes | memoryview) -> str:

@@ -153,6 +153,36 @@ def _manifest(content: bytes) -> Setup:
     return setup
 
 
+def _engine_a_pipe(*argv: str) -> Setup:
+    """`argv` after a stand-in engine's file is replaced by a named pipe (its manifest left beside it)."""
+
+    def setup(d: Path) -> list[str]:
+        import os
+
+        _engine(d).unlink()
+        os.mkfifo(d / "m.engine")
+        return list(argv)
+
+    return setup
+
+
+def _build_record(build: object) -> Setup:
+    """inspect --json of a stand-in engine whose manifest's records.build is `build` (the manifest is
+    otherwise consistent: records are free-form; only --json reads the axis names there)."""
+
+    def setup(d: Path) -> list[str]:
+        import json
+
+        _engine(d)
+        path = d / "m.engine.json"
+        manifest = json.loads(path.read_text())
+        manifest["records"] = {"build": build}
+        path.write_text(json.dumps(manifest))
+        return ["inspect", "m.engine", "--json"]
+
+    return setup
+
+
 def _engine_removed(*argv: str) -> Setup:
     """`argv` after a stand-in engine's file is removed, its manifest left (inspect said the path given
     "does not exist", as if nothing were there)."""
@@ -604,6 +634,29 @@ CASES: dict[str, tuple[Setup, str]] = {
     "inspect: the manifest of an engine that is gone": (
         _engine_removed("inspect", "m.engine.json"),
         r"engine file 'm\.engine' does not exist; only its manifest 'm\.engine\.json' is here",
+    ),
+    # (it said the engine "does not exist; only its manifest is here")
+    "inspect: the engine file is a pipe": (
+        _engine_a_pipe("inspect", "m.engine.json"),
+        r"engine file 'm\.engine' is not a regular file \(a pipe or device\?\); expected a file",
+    ),
+    # (each ended in a traceback, exit 1: 'int' object has no attribute 'get', is not iterable, unhashable)
+    "inspect --json: records.build not an object": (
+        _build_record(5),
+        r"manifest 'm\.engine\.json': malformed manifest: records\.build must be a JSON object, found int",
+    ),
+    "inspect --json: records.build.inputs not a list": (
+        _build_record({"inputs": 5}),
+        r"malformed manifest: records\.build\.inputs must be a JSON list, found int",
+    ),
+    "inspect --json: records.build.outputs entry with a list for a name": (
+        _build_record({"outputs": [{"name": ["y"], "symbols": None}]}),
+        r"malformed manifest: records\.build\.outputs\[0\] must be an object with a string name",
+    ),
+    "inspect --json: records.build.inputs symbols not a list": (
+        _build_record({"inputs": [{"name": "x", "symbols": 5}]}),
+        r"records\.build\.inputs\[0\] must be .* symbols a list of strings or nulls .*, found "
+        r"\{\"name\": \"x\", \"symbols\": 5\}",
     ),
     "report --calib-data without an INT8 target": (
         _tiny("report", "m.onnx", "-o", "rep", "--targets", "ort,ort-fp16", "--calib-data", "m.onnx"),

@@ -4,12 +4,21 @@ and nothing left behind. Same harness as test_bad_inputs (its `workdir` fixture 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.cli.test_bad_inputs import Setup, _factory, _tiny, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
+from tests.cli.test_bad_inputs import (
+    Setup,
+    _factory,
+    _graph_onnx,
+    _tiny,
+    _vi,
+    assert_exits_2_cleanly,
+    workdir,  # noqa: F401 - a fixture
+)
 from tests.models import tiny_onnx
 
 
@@ -136,6 +145,26 @@ CASES: dict[str, tuple[Setup, str]] = {
         _tiny("optimize", "m.onnx", "-o", "o.onnx", "--ledger", "./o.onnx"),
         r"--ledger and -o name the same file 'o\.onnx'",
     ),
+    # (it said "cannot run" and to give --verify-shape sizes: no size helps a graph ONNX Runtime refuses)
+    "optimize: two nodes of one name": (
+        _graph_onnx(
+            "dupnames",
+            lambda: [
+                __import__("onnx").helper.make_node("Relu", ["x"], ["a"], name="n"),
+                __import__("onnx").helper.make_node("Sigmoid", ["a"], ["y"], name="n"),
+            ],
+            lambda: [_vi("x", "FLOAT", ["b", 4])],
+            lambda: [_vi("y", "FLOAT", ["b", 4])],
+            command="optimize",
+        ),
+        r"ONNX Runtime cannot load the input model: .*two nodes with same node name \(n\)\. \(fix the model, "
+        r"or turn verification off: --no-verify\)\n$",
+    ),
+    # (it was taken and did nothing: no data to tokenize)
+    "optimize --tokenizer without --precision-data": (
+        _tiny("optimize", "m.onnx", "-o", "o.onnx", "--precision", "fp16", "--tokenizer", "demo"),
+        r"--tokenizer tokenizes the text of --precision-data \(sentences\.txt\), which is not given",
+    ),
     "compile -o the factory's module (--force)": (
         lambda d: [
             *_factory("def make():  # a module of its own\n    return Lin(), (torch.zeros(2, 4),)\n")(d)[:2],
@@ -238,3 +267,85 @@ def test_report_progress_shows_a_bracketed_target_literally() -> None:
     bar = StepProgress(True, 2)
     with bar.running():
         bar.step("running onnx=[/x]/m.onnx", advance=1)
+
+
+def test_optimize_fp16_that_loses_an_output_says_so_and_records_the_check(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Before: `optimize --precision fp16` of a graph whose FP16 form outputs zeros (an activation below
+    FP16's subnormals) printed "4 nodes converted" and exit 0; the check against FP32 that saw it was
+    dropped, and --ledger held no word of the conversion. Now a warning names the output, the summary line
+    gives the check, and the ledger holds the conversion's record under "precision"."""
+    import json
+
+    import onnx
+
+    from tests.passes.precision.test_convert import flushing_activation
+    from trtforge.cli.main import main
+
+    onnx.save(flushing_activation(), str(workdir / "act.onnx"))
+    rc = main(["optimize", "act.onnx", "-o", "o.onnx", "--precision", "fp16", "--ledger", "l.json"])
+    out, err = capfd.readouterr()
+    assert rc == 0, out + err
+    assert re.search(
+        r"^warning: FP16 conversion: output 'y' agrees with the FP32 model's to a cosine of only "
+        r"0\.000 .*--keep-fp32",
+        err,
+        re.M,
+    ), err
+    assert "vs FP32 in exact ORT: min cosine 0.000000" in " ".join(out.split()), out
+    check = json.loads((workdir / "l.json").read_text())["precision"]["verification"]
+    assert [c["name"] for c in check] == ["y"] and check[0]["min_cosine"] < 0.5
+
+
+def test_optimize_fp16_of_an_fp16_model_says_it_was_not_converted_again(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Before: "fp16: 0 nodes converted, 0 kept FP32" and nothing of why (the model holds FP16 already)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtforge.cli.main import main
+
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT16, ["b", 4])  # noqa: E731
+    w = numpy_helper.from_array(np.ones((4, 4), np.float16), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g", [vi("x")], [vi("y")], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(workdir / "h.onnx"))
+    rc = main(["optimize", "h.onnx", "-o", "o.onnx", "--precision", "fp16"])
+    out = " ".join("".join(capfd.readouterr()).split())
+    assert rc == 0, out
+    assert (
+        "precision fp16: already-low-precision (model already has 4 FP16 tensors; not converted again)" in out
+    )
+    assert "nodes converted" not in out
+
+
+def test_inspect_json_is_strict_json_when_a_manifest_holds_nan_or_infinity(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Python's json reads and writes NaN and Infinity (a record's exact-match SNR, a hand edit), which
+    are no JSON: `inspect --json | jq` failed on them. Now they print as null."""
+    import json
+
+    from tests.cli.test_encoder_hostile_inputs import _engine
+    from trtforge.cli.main import main
+
+    path = _engine(workdir).with_name("m.engine.json")
+    manifest = json.loads(path.read_text())
+    manifest["records"] = {
+        "check": {"snr_db": float("inf"), "cosine": float("nan"), "kept": [float("-inf"), 1.5]}
+    }
+    path.write_text(json.dumps(manifest))
+    rc = main(["inspect", "m.engine", "--json"])
+    out, err = capfd.readouterr()
+    assert rc == 0, out + err
+
+    def refuse(word: str) -> None:
+        raise AssertionError(f"{word} is not JSON")
+
+    doc = json.loads(out, parse_constant=refuse)
+    assert doc["records"]["check"] == {"snr_db": None, "cosine": None, "kept": [None, 1.5]}

@@ -283,3 +283,72 @@ def test_opset_raise_through_the_c_converter_does_not_warn(caplog):
         _, ledger = optimize_model(g.build())
     assert ledger.opset_before == 17 and ledger.opset_after == 23
     assert not [r for r in caplog.records if r.name.startswith("onnxscript")]
+
+
+def _string_labels() -> onnx.ModelProto:
+    """A classifier returning its scores and the label of the best one, a string (as ONNX-ML exports)."""
+    from onnx import numpy_helper
+
+    labels = helper.make_tensor("labels", TensorProto.STRING, [4], [b"cat", b"dog", b"emu", b"fox"])
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), "W")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["scores"]),
+        helper.make_node("ArgMax", ["scores"], ["best"], axis=1, keepdims=0),
+        helper.make_node("Gather", ["labels", "best"], ["label"]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("label", TensorProto.STRING, ["batch"]),
+        helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 4]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph(nodes, "cls", [x], outputs, [labels, w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_string_output_is_verified_by_equality(monkeypatch):
+    """Before: verification compared a string output as numbers ("could not convert string to float":
+    a traceback, exit 1 in `optimize`); now it must be equal, and a pass that changes it is named."""
+    _, ledger = optimize_model(_string_labels())
+    assert all(p.verification.per_output["label"]["max_abs_error"] == 0.0 for p in ledger.passes)
+
+    def relabel(model: ir.Model, ctx) -> PassOutcome:
+        v = model.graph.initializers["labels"]
+        t = helper.make_tensor("labels", TensorProto.STRING, [4], [b"ant", b"bee", b"cow", b"doe"])
+        v.const_value = ir.serde.deserialize_tensor(t)
+        return PassOutcome(matches=1)
+
+    monkeypatch.setitem(pipeline.PASSES, "relabel", PassSpec("relabel", "test: renames the labels", relabel))
+    with pytest.raises(
+        VerificationError, match=r"pass 'relabel' changed output 'label' \(object tensor\): 2 of 2"
+    ):
+        optimize_model(_string_labels(), passes=["relabel"])
+
+
+def _ir3_model() -> onnx.ModelProto:
+    """An IR 3, opset 9 model, its weight listed among the graph inputs as IR < 4 requires (the ONNX
+    model zoo's classics: ResNet, SqueezeNet)."""
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), "W")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    w_in = helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "old", [x, w_in], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 3
+    return model
+
+
+def test_raising_the_opset_of_an_ir3_model_raises_its_ir_version():
+    """Before: optimize (opset 9 -> 23) kept IR 3, and the FP16 conversion then dropped the weight from
+    the graph inputs: 'W__fp16 in initializer but not in graph input', the ONNX checker's refusal that
+    compile, inspect and optimize gave the file `optimize --precision fp16` had just written."""
+    from trtforge.passes.precision import convert_precision
+
+    out, ledger = optimize_model(_ir3_model())
+    assert ledger.opset_after == 23 and out.ir_version == helper.find_min_ir_version_for(out.opset_import)
+    fp16, _ = convert_precision(out, "fp16")
+    onnx.checker.check_model(fp16)
+    bf16, _ = convert_precision(_ir3_model(), "bf16")  # (its own opset raise, 9 -> 22)
+    assert bf16.ir_version >= helper.find_min_ir_version_for(bf16.opset_import)
+    onnx.checker.check_model(bf16)

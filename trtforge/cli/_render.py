@@ -144,6 +144,18 @@ def _int8_coverage(rec: dict[str, Any]) -> str:
     return ", ".join(parts) or "no op"
 
 
+def float_check(rec: dict[str, Any]) -> str:
+    """An FP16/BF16 conversion record's check against FP32 (worst over its outputs) in a few words: what
+    `optimize` and `compile` print, so a conversion that lost an output is seen, not only recorded."""
+    checks = [c for c in rec.get("verification") or [] if isinstance(c, dict)]
+    if not checks:
+        return "not checked against FP32"
+    cos = min(float(c.get("min_cosine", float("nan"))) for c in checks)
+    rel = max(float(c.get("max_rel_err", float("nan"))) for c in checks)
+    finite = "" if all(c.get("finite", True) for c in checks) else ", NOT FINITE"
+    return f"vs FP32 in exact ORT: min cosine {cos:.6f}, max error {rel:.1e} of peak{finite}"
+
+
 def print_all(console: Console, items: list[Any]) -> None:
     """Print renderables separated by blank lines."""
     for item in items:
@@ -170,7 +182,9 @@ def stage_summary_table(records: dict[str, Any]) -> Table | None:
         rec = records.get(mode)
         if rec:
             table.add_row(
-                mode, f"{rec.get('low_precision_nodes')} nodes {mode}, {rec.get('fp32_nodes')} kept FP32"
+                mode,
+                f"{rec.get('low_precision_nodes')} nodes {mode}, {rec.get('fp32_nodes')} kept FP32; "
+                f"{float_check(rec)}",
             )
     rec = records.get("int8")
     if rec:

@@ -74,11 +74,14 @@ def summarize_onnx(path: Path) -> dict[str, Any]:
 def summarize_engine(engine: Path, manifest: Any) -> dict[str, Any]:
     """An engine's `inspect --json`: the keys it shares with an ONNX model's (see INSPECT_JSON) first,
     then every key of its manifest (model.engine.json) as it is."""
+    from trtforge._fileio import show_path
+    from trtforge.core.manifest import manifest_path_for
+
     d = json.loads(manifest.to_json())
-    build = (d.get("records") or {}).get("build") or {}
+    where = f"manifest '{show_path(manifest_path_for(engine))}'"
 
     def entries(kind: str) -> list[dict[str, Any]]:
-        named = {t.get("name"): t.get("symbols") for t in build.get(kind) or [] if isinstance(t, dict)}
+        named = _recorded_symbols(d["records"], kind, where)
         return [io_entry(t["name"], t["dtype"], t["shape"], named.get(t["name"])) for t in d[kind]]
 
     source = d.get("source") or {}
@@ -91,6 +94,44 @@ def summarize_engine(engine: Path, manifest: Any) -> dict[str, Any]:
         "outputs": entries("outputs"),
     }
     return common | {k: v for k, v in d.items() if k not in common}
+
+
+def _recorded_symbols(records: dict[str, Any], kind: str, where: str) -> dict[str, list[str | None]]:
+    """Each tensor's axis names as the build record gives them (records.build.inputs/outputs: a list of
+    {name, symbols, ...}; absent in a step engine's record). A record of another shape is a malformed
+    manifest, refused naming the field: it ended `inspect --json` in a traceback (exit 1)."""
+    from trtforge.errors import UserError
+
+    build = records.get("build")
+    if build is None:
+        return {}
+    if not isinstance(build, dict):
+        raise UserError(
+            f"{where}: malformed manifest: records.build must be a JSON object, found {type(build).__name__}."
+        )
+    entries = build.get(kind)
+    if entries is None:
+        return {}
+    if not isinstance(entries, list):
+        raise UserError(
+            f"{where}: malformed manifest: records.build.{kind} must be a JSON list, found "
+            f"{type(entries).__name__}."
+        )
+    named: dict[str, list[str | None]] = {}
+    for i, t in enumerate(entries):
+        symbols = t.get("symbols") if isinstance(t, dict) else None
+        if (
+            not isinstance(t, dict)
+            or not isinstance(t.get("name"), str)
+            or not isinstance(symbols or [], list)
+            or not all(s is None or isinstance(s, str) for s in symbols or [])
+        ):
+            raise UserError(
+                f"{where}: malformed manifest: records.build.{kind}[{i}] must be an object with a string "
+                f"name and symbols a list of strings or nulls (one per axis), found {json.dumps(t)[:200]}."
+            )
+        named[t["name"]] = list(symbols or [])
+    return named
 
 
 INSPECT_JSON = """\b
@@ -110,6 +151,7 @@ Examples:
 An ONNX model adds producer, opsets, nodes, ops, initializers, weight_bytes,
 weight_dtypes; an engine adds every key of its manifest (engine_sha256,
 backend, profiles, source, build_options, records, generation, ...).
+Numbers JSON cannot hold (NaN, infinity: a manifest record's) print as null.
 """
 
 
@@ -120,6 +162,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     """Summarize FILE: an ONNX model (I/O, opset, op histogram) or an engine (its manifest)."""
     from rich.console import Console
 
+    from trtforge._fileio import json_finite
     from trtforge.cli._render import generation_line, manifest_tables, onnx_tables, print_all
     from trtforge.core.manifest import manifest_path_for, read_manifest, verify_engine_file
     from trtforge.errors import UserError
@@ -132,7 +175,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     if path.suffix.lower() == ".onnx":
         summary = summarize_onnx(path)
         if as_json:
-            click.echo(json.dumps(summary, indent=2))
+            click.echo(json.dumps(json_finite(summary), indent=2, allow_nan=False))
         else:
             print_all(console, onnx_tables(summary))
         return
@@ -140,7 +183,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     manifest = read_manifest(engine)
     verify_engine_file(engine, manifest)
     if as_json:
-        click.echo(json.dumps(summarize_engine(engine, manifest), indent=2))
+        click.echo(json.dumps(json_finite(summarize_engine(engine, manifest)), indent=2, allow_nan=False))
     else:
         print_all(console, manifest_tables(manifest, engine))
         if manifest.generation is not None:  # a decoder step engine (compile --generate)

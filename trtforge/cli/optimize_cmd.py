@@ -35,7 +35,11 @@ TensorRT's fused attention does not build in FP32, so FP32 keeps the decomposed 
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="ONNX file to write.")
 @option_group(PassOptions)
 @click.option(
-    "--ledger", type=click.Path(dir_okay=False), default=None, help="Also write the pass ledger JSON."
+    "--ledger",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the pass ledger JSON (with --precision fp16/bf16, the conversion's record and "
+    'its check against FP32 under "precision").',
 )
 @click.option(
     "--verify-shape",
@@ -63,7 +67,7 @@ def optimize_cmd(
         check_output_path,
         refuse_overwriting_inputs,
     )
-    from trtforge.cli._render import plain
+    from trtforge.cli._render import float_check, plain
     from trtforge.core.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
     from trtforge.core.policy import check_precision, resolve_attention
     from trtforge.errors import UserError
@@ -77,6 +81,11 @@ def optimize_cmd(
             "`trtforge calibrate` on the optimized graph, or `trtforge compile --precision int8`."
         )
     check_precision(precision)
+    if precision.tokenizer is not None and precision.data is None:  # (it was taken and did nothing)
+        raise UserError(
+            "--tokenizer tokenizes the text of --precision-data (sentences.txt), which is not given: nothing "
+            "would read it. Pass --precision-data with --precision fp16/bf16, or drop --tokenizer."
+        )
     attention = resolve_attention(passes, precision)
     out_path = check_output_path(output, force=force)
     ledger_path = check_output_path(ledger, force=force, what="ledger") if ledger else None
@@ -128,21 +137,27 @@ def optimize_cmd(
             tokenizer=precision.tokenizer,
             feed_shapes=feed_shapes,
         )
+    ledger_json = record.to_dict()
+    if precision_record is not None:  # (the conversion's record and its check against FP32 with it)
+        ledger_json["precision"] = precision_record.to_dict()
     with atomic_outputs():  # the model and its ledger together or not at all
         save_onnx_atomic(result, out_path)
         if ledger_path is not None:
-            atomic_write_text(ledger_path, json.dumps(record.to_dict(), indent=2))
+            atomic_write_text(ledger_path, json.dumps(ledger_json, indent=2))
     console = Console()
     console.print(ledger_table(record))
     if record.opset_changed:
         console.print(f"opset raised {record.opset_before} -> {record.opset_after}")
     if record.verify_skipped_reason:
         console.print(f"[yellow]verification skipped: {plain(record.verify_skipped_reason)}")
-    if precision_record is not None:
-        p = precision_record.to_dict()
+    if precision_record is not None and precision_record.status != "converted":  # (an FP16 model as given)
+        console.print(plain(precision_record.summary()))
+    elif precision_record is not None:
+        p = ledger_json["precision"]
         console.print(
             f"{precision.mode}: {p['low_precision_nodes']} nodes converted, {p['fp32_nodes']} kept FP32 "
-            f"{p['reason_counts'] or ''}, casts +{p['casts_inserted']}/-{p['casts_removed']}"
+            f"{p['reason_counts'] or ''}, casts +{p['casts_inserted']}/-{p['casts_removed']}; "
+            f"{float_check(p)}"
         )
     console.print(f"wrote {plain(show_path(out_path))}")
 

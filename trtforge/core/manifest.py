@@ -29,6 +29,7 @@ from trtforge._fileio import (
     USER_ERRNOS,
     as_path,
     atomic_write_text,
+    check_input_file,
     commit_staged,
     fsync_dir,
     os_error,
@@ -279,8 +280,8 @@ def verify_engine_file(engine_path: str | os.PathLike[str], manifest: Manifest) 
     """Read the engine bytes and check size and sha256 against the manifest; returns the bytes."""
     p = Path(engine_path)
     if not p.is_file():
-        if p.is_dir():
-            raise UserError(f"engine file '{show_path(p)}' is a directory.")
+        if os.path.exists(p):  # a directory, a pipe (whose read waited forever) or a device: says which
+            check_input_file(p, "engine file")
         raise UserError(
             f"engine file '{show_path(p)}' does not exist; only its manifest "
             f"'{show_path(manifest_path_for(p))}' is here. Keep the engine beside its manifest, or rebuild "

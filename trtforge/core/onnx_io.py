@@ -106,6 +106,17 @@ def _sniff(path: Path) -> str:
     return f" It looks like {what}." if what else ""
 
 
+def min_ir_version(opsets: dict[str, int]) -> int:
+    """The lowest ONNX IR version a model importing `opsets` ({domain: version}) may declare, by onnx's
+    table (domains it does not know are left out). A stage that raises a model's opset raises its IR
+    version to this: an IR 3 model (the ONNX model zoo's classics) kept IR 3 at opset 23, and once its
+    initializers were no longer listed as graph inputs (IR < 4 needs that) the ONNX checker refused it."""
+    import onnx
+
+    ids = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
+    return onnx.helper.find_min_ir_version_for(ids, ignore_unknown=True)
+
+
 def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """Load an ONNX file with its external data; UserError naming the file on any problem."""
     return read_onnx(path, external_data=True)

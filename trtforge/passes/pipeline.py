@@ -141,6 +141,8 @@ def _count(model: ir.Model) -> int:
 def _raise_opset(model: ir.Model, target: int) -> None:
     from onnxscript import version_converter
 
+    from trtforge.core.onnx_io import min_ir_version
+
     before = opset_of(model)
     # onnxscript warns on stderr each time it hands a conversion to onnx's C converter (every legacy
     # export at opset 17): the fallback is intended, and the ledger's opset step records the result.
@@ -158,6 +160,7 @@ def _raise_opset(model: ir.Model, target: int) -> None:
             f"cannot raise the model's ONNX opset from {before} to {target} (the version converter "
             "left it unchanged); run without the passes that need it (--passes)."
         )
+    model.ir_version = max(model.ir_version, min_ir_version(dict(model.opset_imports)))
 
 
 @checked_call

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge._fileio import json_finite
 from trtforge.numerics.compare import Tolerance  # the one Tolerance; re-exported for report users
 
 REPORT_FORMAT = "trtforge.report/1"
@@ -196,18 +197,7 @@ class Report:
 
     def to_json(self) -> str:
         """Indented JSON. JSON has no inf/nan: those (an exact match's SNR) are written as null."""
-        return json.dumps(_finite(self.to_dict()), indent=2) + "\n"
-
-
-def _finite(obj: Any) -> Any:
-    """Replace inf/nan (not representable in JSON) with None, recursively."""
-    if isinstance(obj, float):
-        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
+        return json.dumps(json_finite(self.to_dict()), indent=2) + "\n"
 
 
 @dataclass

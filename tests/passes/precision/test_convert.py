@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import onnx
@@ -11,13 +12,14 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from trtforge.errors import UserError
+from trtforge.errors import TrtforgeWarning, UserError
 from trtforge.numerics.sessions import exact_session
 from trtforge.passes.precision import PrecisionRecord, convert_precision
 from trtforge.passes.precision.observe import generate_feeds
 from trtforge.passes.precision.verify import emulate_in_fp32
 
 RNG = np.random.default_rng(0)
+LOW = {"fp16": TP.FLOAT16, "bf16": TP.BFLOAT16}
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
@@ -117,6 +119,7 @@ def test_values_beyond_fp16_range_keep_that_node_fp32_and_output_finite() -> Non
     stored_fp16 = emulate_in_fp32(naive, ir.DataType.FLOAT16)  # every tensor rounded as stored
     assert not np.isfinite(_run(stored_fp16, {"x": x})[0]).all()
     assert not naive_rec.verification[0].finite
+    assert naive_rec.check_problems() == ["output 'y' is not finite where the FP32 model's is"]
 
 
 def test_exp_is_fp32_by_op_type_and_casts_surround_it() -> None:
@@ -151,6 +154,36 @@ def test_weights_that_flush_to_zero_stay_fp32() -> None:
     kept = {k.name: k.reasons[0] for k in rec.kept_fp32}
     assert list(kept) == ["scale"] and "16 of 16 values flush to zero" in kept["scale"]
     assert next(i for i in out.graph.initializer if i.name == "s").data_type == TP.FLOAT
+
+
+def flushing_activation() -> onnx.ModelProto:
+    """y = x * 1e-4 * 1e-4 * 1e4 * 1e4: every weight and activation magnitude FP16 holds except the middle
+    activation's (|x| * 1e-8, below FP16's smallest subnormal 6e-8), which flushes to zero in FP16."""
+    nodes = [
+        helper.make_node("Mul", ["x", "s"], ["a"], name="down1"),
+        helper.make_node("Mul", ["a", "s"], ["b"], name="down2"),
+        helper.make_node("Mul", ["b", "t"], ["c"], name="up1"),
+        helper.make_node("Mul", ["c", "t"], ["y"], name="up2"),
+    ]
+    inits = [("s", np.array(1e-4, np.float32)), ("t", np.array(1e4, np.float32))]
+    return _model(nodes, [_x()], [_x("y")], inits)
+
+
+def test_an_output_the_conversion_loses_is_warned_about_and_kept_fp32_nodes_fix_it() -> None:
+    """Before: the check against FP32 saw output y become all zeros (cosine 0) and only recorded it; the
+    graph was written with no word said. Now a warning names the output, its cosine and what helps."""
+    with pytest.warns(
+        TrtforgeWarning,
+        match=r"FP16 conversion: output 'y' agrees with the FP32 model's to a "
+        r"cosine of only 0\.000 .*--keep-fp32",
+    ):
+        _, rec = convert_precision(flushing_activation(), "fp16")
+    assert rec.verification[0].min_cosine < 0.5 and len(rec.check_problems()) == 1
+    with warnings.catch_warnings():  # what --keep-fp32 of the op type gives, and a conversion that keeps
+        warnings.simplefilter("error", TrtforgeWarning)  # its outputs, say nothing
+        _, kept = convert_precision(flushing_activation(), "fp16", keep_fp32=["Mul"])
+        _, mlp = convert_precision(_mlp(), "fp16")
+    assert kept.check_problems() == [] and mlp.check_problems() == []
 
 
 def test_infinity_sentinel_mask_saturates_and_stays_low_precision() -> None:
@@ -328,6 +361,33 @@ def test_values_read_inside_subgraphs_stay_fp32() -> None:
     for c in (True, False):
         (got,) = _run(out, {"x": x, "cond": np.array(c)})
         np.testing.assert_allclose(got, _run(model, {"x": x, "cond": np.array(c)})[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_low_precision_io_with_an_input_returned_and_an_input_read_in_a_subgraph(precision: str) -> None:
+    """keep_io_types=False (--low-precision-io) on graphs whose float input is (a) also a graph output,
+    (b) read inside an If branch. Before: (a) the check's emulation renamed the input and ONNX Runtime
+    asked for 'x__emu_raw' (ValueError); (b) the branch's MatMul read the now FP16 input with its FP32
+    weight, a graph ONNX Runtime refuses (type error). Both were tracebacks (exit 1 in `optimize`)."""
+    returned = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_x()], [_x("y"), _x()])
+    w = RNG.standard_normal((16, 16)).astype(np.float32)
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"])], "then", [], [_x("t")])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [_x("e")])
+    nodes = [helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g, else_branch=else_g)]
+    branch = _model(nodes, [_x(), helper.make_tensor_value_info("cond", TP.BOOL, [])], [_x("y")], [("w", w)])
+    x = RNG.standard_normal((2, 16)).astype(np.float32)
+    for model, feeds in (
+        (returned, [{"x": x}]),
+        (branch, [{"x": x, "cond": np.array(c)} for c in (True, False)]),
+    ):
+        out, rec = convert_precision(model, precision, keep_io_types=False, data=feeds)
+        assert _dtypes(out)["x"] == LOW[precision] and not rec.check_problems()
+        onnx.checker.check_model(out, full_check=True)  # (types inside the branch too)
+        if precision == "fp16":  # (ONNX Runtime's CPU provider has almost no BF16 kernels)
+            for feed in feeds:
+                got = _run(out, {k: v.astype(np.float16) if k == "x" else v for k, v in feed.items()})
+                for g, ref in zip(got, _run(model, feed)):
+                    np.testing.assert_allclose(g.astype(np.float32), ref, atol=2e-2, rtol=1e-2)
 
 
 def test_generated_feeds_stay_within_the_position_table() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 import ml_dtypes
@@ -22,7 +23,8 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common
 
-from trtforge.errors import UserError
+from trtforge.core.onnx_io import min_ir_version
+from trtforge.errors import TrtforgeWarning, UserError
 from trtforge.passes.precision.observe import observe
 from trtforge.passes.precision.record import KeptNode, PrecisionRecord
 from trtforge.passes.precision.rewrite import Rewriter, fold_casts
@@ -142,6 +144,8 @@ def convert_precision(
     target, why = _target_opset(work, precision, opset)
     if target > opset:
         work = onnx.version_converter.convert_version(work, target)
+        opsets = {o.domain: o.version for o in work.opset_import}
+        work.ir_version = max(work.ir_version, min_ir_version(opsets))
         record.opset_after = target
         record.notes.append(f"opset raised {opset} -> {target}: {why}")
     work = onnx.shape_inference.infer_shapes(work)
@@ -183,4 +187,14 @@ def convert_precision(
     checked = time.perf_counter()
     record.verification, record.verification_mode = check_outputs(out, obs, low)
     record.check_seconds = time.perf_counter() - checked
+    problems = record.check_problems()
+    if problems:  # (the model is still returned: the user decides, told what the check saw and what helps)
+        warnings.warn(
+            f"{precision.upper()} conversion: {'; '.join(problems)}, on {len(obs.check_feeds)} sample "
+            f"batch(es) ({obs.source}). Keep the nodes that lose it in FP32 (--keep-fp32 NODE_OR_OPTYPE: "
+            f"values {precision.upper()} flushes to zero or rounds away, e.g. a subtraction of nearly "
+            "equal numbers), or check with --precision-data of real inputs.",
+            TrtforgeWarning,
+            stacklevel=2,
+        )
     return out, record

@@ -15,6 +15,12 @@ class KeptNode:
     reasons: list[str]
 
 
+# An output whose per-sample cosine to the FP32 output falls below this after conversion has lost its
+# meaning, not a few bits: each of the 27 encoders of the test zoo (tests/passes/_zoo.py, fused, generated
+# data) stays above 0.9999 in BF16 and at 0.999999 or above in FP16; an activation FP16 flushes gives 0.
+MIN_CHECK_COSINE = 0.99
+
+
 @dataclasses.dataclass
 class OutputCheck:
     """The converted model's output against the FP32 model's on the same sample batches (ONNX Runtime)."""
@@ -75,6 +81,20 @@ class PrecisionRecord:
             f"{self.precision.upper()}, {self.fp32_nodes} kept FP32 {self.reason_counts()}, "
             f"casts +{self.casts_inserted}/-{self.casts_removed}, {self.seconds:.2f}s"
         )
+
+    def check_problems(self) -> list[str]:
+        """What the check against FP32 found wrong, one phrase per output: not finite where FP32 is, or
+        a per-sample cosine below :data:`MIN_CHECK_COSINE`. Empty when the conversion kept the outputs."""
+        problems = []
+        for c in self.verification:
+            if not c.finite:
+                problems.append(f"output '{c.name}' is not finite where the FP32 model's is")
+            elif c.min_cosine < MIN_CHECK_COSINE:
+                problems.append(
+                    f"output '{c.name}' agrees with the FP32 model's to a cosine of only {c.min_cosine:.3f} "
+                    f"(error up to {c.max_rel_err:.1%} of its largest value)"
+                )
+        return problems
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (for the manifest and `--json` output)."""

@@ -92,6 +92,10 @@ class Rewriter:
                 need = low if d.low and i not in d.fixed_inputs else FLOAT
                 if dtype_now.get(v, FLOAT) != need:
                     node.replace_input_with(i, self._convert(v, need))
+        for v in [v for v, t in dtype_now.items() if t == low]:  # subgraphs stay FP32 (rules.py): a
+            for user, i in list(v.uses()):  # low-precision graph input read in one is read as an FP32 copy
+                if user.graph is not self.graph:
+                    user.replace_input_with(i, self._convert(v, FLOAT))
         for v, t in dtype_now.items():
             v.dtype = t
         for node, d in decisions.items():

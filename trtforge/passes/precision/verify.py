@@ -54,7 +54,9 @@ def emulate_in_fp32(model: onnx.ModelProto, low: ir.DataType) -> onnx.ModelProto
         g.append(ir.node("Cast", [rounded], {"to": FLOAT}, outputs=[back]))
         for user, idx in uses:
             user.replace_input_with(idx, back)
-        if was_output:
+        # (a graph input returned as it is stays the output under its name, the feed's: renamed, the
+        # session asked for an input of the new name)
+        if was_output and node is not None:
             idx = list(g.outputs).index(v)
             original = v.name
             v.name = f"{original}__emu_raw"
