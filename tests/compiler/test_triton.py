@@ -186,6 +186,35 @@ def test_a_signal_during_the_swap_waits_for_it(bert_engine: Path, tmp_path: Path
     assert (repo / "bert" / "1" / "model.plan").read_bytes() == bert_engine.read_bytes()
 
 
+def test_two_exports_into_one_repository_take_turns(bert_engine: Path, tmp_path: Path, monkeypatch) -> None:
+    """Two `export-triton --force` of one model at once: the second one's swap landed between the first
+    one's two renames, whose second then failed (ENOTEMPTY, an internal error) and left the old model
+    directory behind as repo/.trtforge-replaced.*."""
+    import os
+
+    from tests.test_concurrent_outputs import _Pause, _race
+    from trtforge.compiler import triton
+
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
+    pause, real_replace = _Pause(), os.replace
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        if ".trtforge-replaced." in str(dst):  # the old directory moved aside, the new one not yet in
+            pause.here()
+
+    monkeypatch.setattr(triton.os, "replace", replace)
+
+    def export() -> None:
+        triton.export_triton(bert_engine, repo, triton.TritonOptions(force=True))
+
+    _race(pause, export, export)
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == before
+    assert (repo / "bert" / "1" / "model.plan").read_bytes() == bert_engine.read_bytes()
+
+
 @pytest.fixture(scope="module")
 def vector_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An engine whose input and outputs are only the batch dimension: x [N] float -> y [N] float, z [N]

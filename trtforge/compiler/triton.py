@@ -14,13 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import USER_ERRNOS, check_name_length, os_error, show_path, signals_deferred
+from trtforge._fileio import (
+    USER_ERRNOS,
+    check_name_length,
+    directory_lock,
+    os_error,
+    show_path,
+    signals_deferred,
+)
 from trtforge.core.manifest import (
     Manifest,
     TensorSpec,
     manifest_path_for,
-    read_manifest,
-    verify_engine_file,
+    read_engine,
 )
 from trtforge.errors import UserError
 
@@ -266,8 +272,7 @@ def export_triton(
 ) -> TritonExport:
     """Write the model directory for `engine` into `repo` (created if missing); all or nothing."""
     engine = Path(engine)
-    manifest = read_manifest(engine)
-    data = verify_engine_file(engine, manifest)
+    manifest, data = read_engine(engine)
     plugins = [p for p in manifest.plugins if p.get("namespace", "trtforge") == "trtforge"]
     if plugins:
         raise UserError(
@@ -320,8 +325,9 @@ def export_triton(
         (staging / "1").mkdir()
         (staging / "1" / "model.plan").write_bytes(data)
         (staging / "config.pbtxt").write_text(text)
-        with signals_deferred():  # an interrupt between the renames or before the old one's removal left
-            # the model directory gone or a .trtforge-replaced.* copy behind: it waits for the swap
+        with directory_lock([repo]), signals_deferred():  # an interrupt between the renames or before the
+            # old one's removal left the model directory gone or a .trtforge-replaced.* copy behind: it
+            # waits for the swap; a second export into the same repository waits for the first one's
             if target.exists():
                 old = Path(tempfile.mkdtemp(prefix=".trtforge-replaced.", dir=repo))
                 os.replace(target, old / name)
