@@ -16,7 +16,7 @@ import signal
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -290,6 +290,59 @@ def work_directory(prefix: str) -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
 
 
+class _Locked(threading.local):
+    dirs: set[tuple[int, int]] | None = None
+
+
+_LOCKED = _Locked()
+
+
+@contextlib.contextmanager
+def directory_lock(directories: Iterable[str | os.PathLike[str]], *, shared: bool = False) -> Iterator[None]:
+    """Hold an flock on each of `directories` (exclusive for a writer, shared for a reader) while the
+    block runs: two processes publishing groups of files into one directory (two compiles to the same
+    engine, two optimizes to the same model and its data file) rename theirs one group after the other,
+    not interleaved into a mix of both runs, and a reader of a group (an engine and its manifest) sees it
+    before or after a publish, never half renamed. The lock is on the directory itself, so it leaves no
+    file behind. Taken in a fixed order (no deadlock between two writers), before any signal is held back
+    (Ctrl-C still stops the wait); a directory this thread holds already is not taken again. Where flock
+    is missing (non-POSIX, some network filesystems) nothing is locked."""
+    held = _LOCKED.dirs if _LOCKED.dirs is not None else set()
+    _LOCKED.dirs = held
+    fds: dict[tuple[int, int], int] = {}
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        for d in directories:
+            fd = _open_directory(Path(d))
+            if fd is None:
+                continue
+            key = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
+            if key in held or key in fds:
+                os.close(fd)
+                continue
+            fds[key] = fd
+        for key in sorted(fds):
+            with contextlib.suppress(OSError):  # (a filesystem without flock: unlocked, as before)
+                fcntl.flock(fds[key], fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            held.add(key)
+        yield
+    finally:
+        for key, fd in fds.items():
+            held.discard(key)
+            os.close(fd)  # (releases the flock)
+
+
+def _open_directory(directory: Path) -> int | None:
+    try:
+        return os.open(directory if str(directory) else ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+
+
 class _Group(threading.local):
     renames: list[tuple[Path, Path]] | None = None
     cleanups: list[Callable[[], None]] | None = None
@@ -313,7 +366,7 @@ def atomic_outputs() -> Iterator[None]:
             yield
         finally:
             _GROUP.renames = _GROUP.cleanups = None
-        with signals_deferred():
+        with directory_lock(staged_directories(renames)), signals_deferred():
             _rename_all(renames)
     finally:
         for tmp, _ in renames:
@@ -323,10 +376,18 @@ def atomic_outputs() -> Iterator[None]:
             cleanup()
 
 
+def staged_directories(renames: list[tuple[Path, Path]] | None = None) -> list[Path]:
+    """The directories that the staged files (of `renames`, by default the enclosing
+    :func:`atomic_outputs` block's) will be renamed into: what :func:`directory_lock` must hold."""
+    renames = _GROUP.renames if renames is None else renames
+    return [dest.parent if str(dest.parent) else Path(".") for _, dest in renames or ()]
+
+
 def commit_staged() -> None:
     """Rename the files staged so far in the enclosing :func:`atomic_outputs` block into place now (the
-    caller holds SIGINT/SIGTERM back), so that they land together with the caller's own renames (an
-    engine and its manifest); a block that fails afterwards no longer removes them."""
+    caller holds SIGINT/SIGTERM back, and the :func:`directory_lock` of :func:`staged_directories`), so
+    that they land together with the caller's own renames (an engine and its manifest); a block that
+    fails afterwards no longer removes them."""
     renames = _GROUP.renames
     if renames:
         _rename_all(renames)
@@ -377,7 +438,8 @@ def recover_staged_directory(path: str | os.PathLike[str]) -> None:
     a half-written new directory is removed. Call it before looking at `path` (whether it exists)."""
     path = Path(path)
     new, old = temp_name(path, "new"), temp_name(path, "old")
-    with signals_deferred():
+    parent = path.parent if str(path.parent) else Path(".")
+    with directory_lock([parent]), signals_deferred():  # (a live writer's staged directory is not ours)
         if os.path.lexists(old):
             if not os.path.lexists(path):
                 os.rename(old, path)
@@ -397,9 +459,16 @@ def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     new ones, never a mix, and nothing of the old survives the new; what a SIGKILL leaves beside `path`
     the next call (or :func:`recover_staged_directory`) repairs. Write into the new directory with
     :func:`write_synced` or plain file writes (not atomic_open, whose renames an enclosing
-    :func:`atomic_outputs` block would defer past the swap)."""
+    :func:`atomic_outputs` block would defer past the swap). Writers of one `path` take turns (the
+    parent's :func:`directory_lock`): the staged names are fixed, so a second writer's recovery removed
+    the first one's half-written directory, and two swaps interleaved."""
     p = Path(path)
     new, old = temp_name(p, "new"), temp_name(p, "old")
+    with directory_lock([p.parent if str(p.parent) else Path(".")]):
+        yield from _staged_directory(p, new, old)
+
+
+def _staged_directory(p: Path, new: Path, old: Path) -> Iterator[Path]:
     made = False
     try:
         recover_staged_directory(p)

@@ -249,6 +249,35 @@ def test_what_a_killed_export_leaves_the_next_one_repairs(bert_engine: Path, tmp
     assert (repo / "bert" / "config.pbtxt").read_text() == config
 
 
+def test_two_exports_into_one_repository_take_turns(bert_engine: Path, tmp_path: Path, monkeypatch) -> None:
+    """Two `export-triton --force` of one model at once: the second one's swap landed between the first
+    one's two renames, whose second then failed (ENOTEMPTY, an internal error) and left the old model
+    directory behind (then repo/.trtforge-replaced.*). The staged swap now takes the repository's lock."""
+    import os
+
+    from tests.test_concurrent_outputs import _Pause, _race
+    from trtforge.compiler import triton
+
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
+    pause, real_rename = _Pause(), os.rename
+
+    def rename(src, dst):
+        real_rename(src, dst)
+        if str(dst).endswith(".old"):  # the old directory moved aside, the new one not yet in
+            pause.here()
+
+    monkeypatch.setattr(os, "rename", rename)
+
+    def export() -> None:
+        triton.export_triton(bert_engine, repo, triton.TritonOptions(force=True))
+
+    _race(pause, export, export)
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == before
+    assert (repo / "bert" / "1" / "model.plan").read_bytes() == bert_engine.read_bytes()
+
+
 @pytest.fixture(scope="module")
 def vector_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An engine whose input and outputs are only the batch dimension: x [N] float -> y [N] float, z [N]

@@ -277,7 +277,7 @@ def test_loading_a_step_engine_reads_its_manifest_once(built, monkeypatch):
         return original(path)
 
     holders = [m for m in list(sys.modules.values()) if getattr(m, "read_manifest", None) is original]
-    assert {"trtforge.core.manifest", "trtforge.runtime.engine"} <= {m.__name__ for m in holders}
+    assert "trtforge.core.manifest" in {m.__name__ for m in holders}  # (rt.load reads it by read_engine)
     for module in holders:
         monkeypatch.setattr(module, "read_manifest", counting)
     engine, _ = built

@@ -164,7 +164,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
 
     from trtforge._fileio import json_finite
     from trtforge.cli._render import generation_line, manifest_tables, onnx_tables, print_all
-    from trtforge.core.manifest import manifest_path_for, read_manifest, verify_engine_file
+    from trtforge.core.manifest import manifest_path_for, read_engine
     from trtforge.errors import UserError
 
     path = Path(file)
@@ -180,8 +180,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
             print_all(console, onnx_tables(summary))
         return
     engine = path.with_suffix("") if path.name.endswith(".engine.json") else path
-    manifest = read_manifest(engine)
-    verify_engine_file(engine, manifest)
+    manifest, _ = read_engine(engine)
     if as_json:
         click.echo(json.dumps(json_finite(summarize_engine(engine, manifest)), indent=2, allow_nan=False))
     else:

@@ -233,9 +233,9 @@ def report_cmd(
     elif Path(model).suffix.lower() in CHECKPOINT_SUFFIXES or Path(model).is_dir():
         raise unsupported_source(Path(model))
     elif Path(model).is_file() and Path(model).suffix.lower() not in (".onnx", ".pt2"):  # (.pt2: load_source)
-        from trtforge.core.manifest import read_manifest, verify_engine_file
+        from trtforge.core.manifest import read_engine
 
-        verify_engine_file(model, read_manifest(model))  # refuse a tampered engine, as inspect does
+        read_engine(model)  # refuse a tampered engine, as inspect does
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise UserError(f"-o '{out_dir}' exists and is not a directory.")
     names = split_targets(targets) or None

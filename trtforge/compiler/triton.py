@@ -24,8 +24,7 @@ from trtforge.core.manifest import (
     Manifest,
     TensorSpec,
     manifest_path_for,
-    read_manifest,
-    verify_engine_file,
+    read_engine,
 )
 from trtforge.errors import UserError
 
@@ -271,8 +270,7 @@ def export_triton(
 ) -> TritonExport:
     """Write the model directory for `engine` into `repo` (created if missing); all or nothing."""
     engine = Path(engine)
-    manifest = read_manifest(engine)
-    data = verify_engine_file(engine, manifest)
+    manifest, data = read_engine(engine)
     plugins = [p for p in manifest.plugins if p.get("namespace", "trtforge") == "trtforge"]
     if plugins:
         raise UserError(

@@ -12,7 +12,10 @@ flock on the staged files until it is done. :func:`resolve_pending` (run by :fun
 `rt.load`, `trtforge inspect` and a re-run of compile) settles whatever a dead publisher left: with a
 commit record whose engine (staged, or already at `N`) matches its sha256 it finishes the renames
 (roll forward); otherwise, and for staged files with no record, it deletes them, so the old pair stands.
-SIGINT and SIGTERM are held back for the few milliseconds of the renames.
+SIGINT and SIGTERM are held back for the few milliseconds of the renames. Two compiles publishing to one
+engine take turns from the commit point on (an exclusive :func:`~trtforge._fileio.directory_lock` on `D`),
+and readers (:func:`read_engine`: rt.load, inspect, report, export-triton) hold it shared, so nobody sees
+one run's engine beside another run's manifest.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from trtforge._fileio import (
     atomic_write_text,
     check_input_file,
     commit_staged,
+    directory_lock,
     fsync_dir,
     os_error,
     sha256_bytes,
     sha256_file,
     show_path,
     signals_deferred,
+    staged_directories,
     temp_name,
 )
 from trtforge.core.tensor_spec import TensorSpec
@@ -300,6 +305,20 @@ def verify_engine_file(engine_path: str | os.PathLike[str], manifest: Manifest) 
     return data
 
 
+def read_engine(
+    engine_path: str | os.PathLike[str], manifest: Manifest | None = None
+) -> tuple[Manifest, bytes]:
+    """The manifest (`manifest`, or the one beside the engine) and the engine's bytes checked against it
+    (:func:`verify_engine_file`), read under a shared :func:`~trtforge._fileio.directory_lock` on the
+    engine's directory: a compile publishing over the pair meanwhile is seen wholly before or after its
+    renames, never as its new engine beside the old manifest (a false "does not match" error)."""
+    p = as_path(engine_path, "the engine")
+    resolve_pending(p)  # (what a dead compile left is settled, renaming, before the shared lock)
+    with directory_lock([p.parent], shared=True):
+        manifest = read_manifest(p) if manifest is None else manifest
+        return manifest, verify_engine_file(p, manifest)
+
+
 # ------------------------------------------------------------------------- crash-safe publishing
 _ENGINE, _RECORD, _PART = "engine", "json", "json.part"
 
@@ -316,6 +335,9 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
         try:
             _write_locked(staged, data, held, out)
             _write_locked(part, manifest.to_json().encode(), held, mpath)
+            # another compile to the same engine commits and renames its pair before or after this one,
+            # not between (taken before the commit point: an interrupt while waiting keeps the old pair)
+            held.enter_context(directory_lock([out.parent, *staged_directories()]))
             with signals_deferred():
                 os.replace(part, record)  # the commit point
                 fsync_dir(out.parent)
@@ -399,7 +421,8 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
         try:
             if None in fds:
                 continue  # a live compile is publishing
-            _settle(out, files[_ENGINE], files[_RECORD], files[_PART])
+            with directory_lock([parent]):  # (not between a live compile's two renames)
+                _settle(out, files[_ENGINE], files[_RECORD], files[_PART])
         except OSError as e:
             raise UserError(
                 f"an interrupted compile left staged files beside '{show_path(out)}' that could not be "
@@ -438,6 +461,7 @@ __all__ = [
     "TensorSpec",
     "manifest_path_for",
     "publish_engine",
+    "read_engine",
     "read_manifest",
     "resolve_pending",
     "sha256_file",

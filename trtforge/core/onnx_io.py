@@ -63,20 +63,22 @@ def read_onnx(
     the file on any problem."""
     import onnx
 
-    from trtforge._fileio import check_input_file, show_path
+    from trtforge._fileio import check_input_file, directory_lock, show_path
 
     p = check_input_file(path, what)
     if p.stat().st_size == 0:
         raise UserError(f"{what} '{show_path(p)}' is empty (0 bytes); expected an ONNX model file.")
-    try:
-        proto = onnx.load(str(p), load_external_data=False)
-        if external_data:
-            # (bounds first: onnx's own reader raised a bare ValueError, or read a short `length` as a
-            # tensor of the wrong size that calibrate then crashed on)
-            _check_external_bytes(proto, p.parent, where=f"{what} '{show_path(p)}'")
-            from onnx.external_data_helper import load_external_data_for_model
+    try:  # (the model and its data file read as one, not between the renames of an optimize writing both:
+        # the old model's offsets into the new data file gave wrong weights, silently)
+        with directory_lock([p.parent] if external_data else [], shared=True):
+            proto = onnx.load(str(p), load_external_data=False)
+            if external_data:
+                # (bounds first: onnx's own reader raised a bare ValueError, or read a short `length` as a
+                # tensor of the wrong size that calibrate then crashed on)
+                _check_external_bytes(proto, p.parent, where=f"{what} '{show_path(p)}'")
+                from onnx.external_data_helper import load_external_data_for_model
 
-            load_external_data_for_model(proto, str(p.parent))
+                load_external_data_for_model(proto, str(p.parent))
     except UserError:
         raise
     except Exception as e:  # the file is the user's: any way onnx fails to read it (external data too)

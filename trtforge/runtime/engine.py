@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from trtforge._fileio import as_input_path
-from trtforge.core.manifest import Manifest, ShapeRange, read_manifest, verify_engine_file
+from trtforge.core.manifest import Manifest, ShapeRange, read_engine
 from trtforge.errors import BackendUnavailableError, UserError, checked_call, shown
 from trtforge.runtime.compat import check_backend_compat, register_required_plugins
 from trtforge.runtime.profiles import InputValidator, IOSpec, ProfileLayout
@@ -167,8 +167,7 @@ def load(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Engi
             f"None, got {type(manifest).__name__}."
         )
     label = f"engine '{path}'"
-    manifest = read_manifest(path) if manifest is None else manifest
-    data = verify_engine_file(path, manifest)
+    manifest, data = read_engine(path, manifest)
     ProfileLayout.from_manifest(manifest, where=label)
     _io_specs(manifest, label)  # before any backend work
     backend = _backend_for(manifest, label)
