@@ -206,6 +206,32 @@ UNENFORCEABLE = [  # (schema, its place and keyword in the refusal, JSON the gra
         r"\$\.\$defs\.n uses 'multipleOf'",
         "3",
     ),
+    (
+        {"type": "string", "pattern": "a^b"},
+        r"\$ uses the anchor '\^' at character 1 of the pattern 'a\^b'",
+        '"ab"',
+    ),
+    (
+        {"type": "object", "properties": {"k": {"type": "string", "pattern": "(a$|b)c"}}},
+        r"\$\.properties\.k uses the anchor '\$' at character 2 of the pattern '\(a\$\|b\)c', not at",
+        '{"k": "ac"}',
+    ),
+    (
+        {"const": 3, "type": "string"},
+        r"\$ uses 'type' 'string' beside 'const' 3 \(a value it rules out\)",
+        "3",
+    ),
+    (
+        {"type": "array", "items": {"enum": ["a", 1], "type": "string"}},
+        r"\$\.items uses 'type' 'string' beside 'enum' item \[1\] 1",
+        "[1]",
+    ),
+    (
+        {"enum": ["a", "abc"], "maxLength": 2},
+        r"\$ uses 'maxLength' 2 beside 'enum' item \[1\] 'abc'",
+        '"abc"',
+    ),
+    ({"const": 5, "type": "integer", "maximum": 4}, r"\$ uses 'maximum' 4 beside 'const' 5", "5"),
 ]
 
 
@@ -263,8 +289,37 @@ def test_keywords_as_data_or_enforceable_constraints_still_compile(model_and_tok
         {"allOf": [{"type": "integer"}]},
         {"type": "array", "uniqueItems": False},
         {"type": "string", "pattern": r"[(?=]a\(?!"},  # in a class, escaped: no lookahead
+        {"type": "string", "pattern": r"^a$|^b$|(^c|d$)|[$^]\^?"},  # anchors at an end, or literal
+        {"const": 2.0, "type": "integer"},  # (2.0 is an integer)
+        {"enum": ["a", None], "type": ["string", "null"], "maxLength": 1},
     ):
         assert g.compile({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) is not None
+
+
+@pytest.mark.parametrize(
+    ("pattern", "found"),
+    [
+        ("^ab$", None),
+        ("^a|^b", None),
+        ("(^a)?b", None),
+        ("^(?:a|b)+$", None),
+        ("(^a|^b)(c$|d$)", None),
+        (r"[$^]\^\$", None),
+        ("a^b", (1, "^")),
+        ("a$b", (1, "$")),
+        ("$a", (0, "$")),
+        ("x(a|^b)", (4, "^")),
+        ("a?^b", (2, "^")),
+        ("(^a)*", (1, "^")),
+        ("(a$){1,3}", (2, "$")),
+    ],
+)
+def test_an_anchor_is_misplaced_unless_at_an_end_of_the_pattern(pattern, found):
+    """xgrammar matches a pattern against the whole string and drops its anchors: one that only an end of
+    the match can satisfy changes nothing; any other one (``a^b`` matches no string) it leaves out."""
+    from trtforge.llm.structured import misplaced_anchor
+
+    assert misplaced_anchor(pattern) == found
 
 
 def test_a_slow_compile_times_out_and_the_cache_stays_bounded(model_and_tokenizer, monkeypatch):
