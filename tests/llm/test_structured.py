@@ -165,6 +165,28 @@ def test_schemas_too_costly_to_compile_are_refused_naming_the_place(model_and_to
     assert g.compile(fmt({"type": "string", "pattern": "[a-z]{1,40}"})) is not None
 
 
+def test_a_pattern_nested_too_deep_or_counting_past_int_is_refused_not_a_crash(model_and_tokenizer):
+    """The pattern scans recurse on groups and read a quantifier's digits with int(): "(" * 5,000 was a
+    RecursionError and a count of 5,000 digits a ValueError (each a 500 from the server, not the 400 a
+    schema it cannot take gets). Both are GrammarErrors naming the place."""
+    from trtforge.llm.structured import GrammarCompiler, GrammarError
+
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+    deep = "(" * 5000 + "a" + ")" * 5000
+    for pattern, said in [
+        (deep, r"\$\.properties\.a\.pattern nests groups 5,000 deep; at most 64"),
+        ("a{" + "9" * 5000 + "}", r"\$\.properties\.a\.pattern repeats a piece up to 1,000,000,000 times"),
+        ("(^a){1," + "9" * 5000 + "}", r"\$\.properties\.a\.pattern repeats a piece up to 1,000,000,000"),
+    ]:
+        schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+        with pytest.raises(GrammarError, match=said):
+            g.compile({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    nested = "(" * 64 + "a" + ")" * 64  # (within the bound)
+    assert g.compile(
+        {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": nested}}}
+    )
+
+
 UNENFORCEABLE = [  # (schema, its place and keyword in the refusal, JSON the grammar let through)
     ({"type": "number", "multipleOf": 0.5}, r"\$ uses 'multipleOf' on a non-integer type", "0.3"),
     ({"type": "integer", "multipleOf": 3, "minimum": 1}, r"\$ uses 'multipleOf' with a minimum", "4"),

@@ -30,6 +30,9 @@ MAX_PATTERN_REPEAT = 4096
 # all of a schema's patterns together: each unrolls on its own (CPU box: 0.7 s a 4,096-repeat pattern), so
 # 128 KB of them was half an hour of a compile thread, which no timeout stops and the exit waits for
 MAX_TOTAL_PATTERN_REPEAT = 8 * MAX_PATTERN_REPEAT
+# groups nested in a pattern: its scans recurse on them (Python's stack holds ~1,000; "(" * 5,000 was a
+# RecursionError, a 500 from the server)
+MAX_PATTERN_DEPTH = 64
 COMPILE_TIMEOUT_S = 30.0
 COMPILE_WORKERS = 2
 CACHE_SIZE = 128  # compiled grammars kept (least recently used dropped first)
@@ -113,6 +116,26 @@ def pattern_repeat(pattern: str) -> int:
     return worst
 
 
+def _count(digits: str) -> int:
+    """A quantifier's count; one of over 9 digits as 10**9, past any bound (``int()`` refuses over 4,300
+    digits: a ValueError, a 500 from the server)."""
+    return int(digits) if len(digits) <= 9 else 10**9
+
+
+def pattern_depth(pattern: str) -> int:
+    """How deep regex `pattern` nests its groups (escapes and character classes skipped)."""
+    depth = deepest = i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "[":
+            i = _skip_class(pattern, i)
+            continue
+        depth += (c == "(") - (c == ")" and depth > 0)
+        deepest = max(deepest, depth)
+        i += 2 if c == "\\" else 1
+    return deepest
+
+
 def _repeat_seq(p: str, i: int) -> tuple[int, int]:
     """The worst factor of the sequence (and alternatives) from `i` to its closing ``)``; the index after."""
     worst = 1
@@ -130,7 +153,7 @@ def _repeat_seq(p: str, i: int) -> tuple[int, int]:
         m = _QUANTIFIER.match(p, i)
         if m:
             hi = m.group(3)
-            count = int(hi) if hi else max(int(m.group(1)), 1)  # {n}, {m,n}; {m,} loops
+            count = _count(hi) if hi else max(_count(m.group(1)), 1)  # {n}, {m,n}; {m,} loops
             i = m.end()
         else:
             count = 1
@@ -142,7 +165,8 @@ def check_schema(schema: Any, text: str) -> None:
     """Refuse (GrammarError naming the place) a JSON schema too costly to compile: over
     :data:`MAX_SCHEMA_BYTES` as JSON (`text`), a ``pattern`` unrolling more than
     :data:`MAX_PATTERN_REPEAT` copies (:func:`pattern_repeat`), or all its patterns together more than
-    :data:`MAX_TOTAL_PATTERN_REPEAT`."""
+    :data:`MAX_TOTAL_PATTERN_REPEAT`. Also bounds what the scans of a pattern recurse on: its groups'
+    depth (:data:`MAX_PATTERN_DEPTH`)."""
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise GrammarError(
             f"response_format: the JSON schema is {len(text.encode()):,} bytes; at most {MAX_SCHEMA_BYTES:,} "
@@ -160,6 +184,12 @@ def check_schema(schema: Any, text: str) -> None:
             for pat, at in patterns:
                 if not isinstance(pat, str):
                     continue
+                depth = pattern_depth(pat)
+                if depth > MAX_PATTERN_DEPTH:
+                    raise GrammarError(
+                        f"response_format: the schema's {at} nests groups {depth:,} deep; at most "
+                        f"{MAX_PATTERN_DEPTH} are taken."
+                    )
                 n = pattern_repeat(pat)
                 if n > MAX_PATTERN_REPEAT:
                     raise GrammarError(
@@ -275,7 +305,9 @@ def _anchor_tree(p: str, i: int) -> tuple[list[list[Any]], int]:
         repeated = False
         if m is not None:
             low, high = m.group(1), m.group(2)
-            repeated = m.group() != "?" and (low is None or high == "" or max(int(low), int(high or 0)) > 1)
+            repeated = m.group() != "?" and (
+                low is None or high == "" or max(_count(low), _count(high or "0")) > 1
+            )
             i = m.end() + (p[m.end() : m.end() + 1] in ("?", "+"))  # (lazy or possessive)
         alts[-1].append(None if inner is None else ("group", inner, repeated))
     return alts, i
@@ -286,7 +318,8 @@ def misplaced_anchor(pattern: str) -> tuple[int, str] | None:
     classes) that is not at an end of it: a ``^`` after a piece that can match characters, a ``$`` before
     one, or either in a group repeated twice or more. xgrammar matches the pattern against the whole
     string and drops such an anchor (a warning on stderr): ``a^b``, which no string matches, let "ab"
-    through. One at an end says only what the whole match already is (``^a$``, ``^a|^b``, ``(^a)``)."""
+    through. One at an end says only what the whole match already is (``^a$``, ``^a|^b``, ``(^a)``).
+    Recursive in the pattern's groups, which :func:`check_schema` bounds first."""
     bad = []
     # (alternatives, at the pattern's start, at its end, inside a repeated group); an unbalanced ")" ends
     # the scan (no compiler takes the pattern)
