@@ -107,7 +107,8 @@ def test_a_streamed_choice_failing_on_a_server_bug_ends_the_stream_with_a_500():
     out = asyncio.run(run())
     assert out[-1] == "data: [DONE]\n\n", out
     error = json.loads(out[-2].removeprefix("data: "))["error"]
-    assert error["code"] == 500 and "RuntimeError" in error["message"], error
+    assert error["type"] == "server_error" and error["code"] is None, error
+    assert "RuntimeError" in error["message"], error
 
 
 @pytest.fixture(scope="module")
@@ -248,8 +249,43 @@ def test_a_wrong_method_is_a_405_naming_the_allowed_ones():
     with TestClient(app) as client:
         r = client.get("/v1/completions")
         assert r.status_code == 405 and r.headers["allow"] == "POST"
-        assert r.json()["error"]["code"] == 405
+        assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["code"] is None
         assert set(client.post("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+@pytest.mark.parametrize(
+    ("status", "raised", "kind", "code"),
+    [
+        (400, "BadRequestError", "invalid_request_error", None),
+        (401, "AuthenticationError", "invalid_request_error", "invalid_api_key"),
+        (404, "NotFoundError", "invalid_request_error", None),
+        (405, "APIStatusError", "invalid_request_error", None),
+        (408, "APIStatusError", "invalid_request_error", None),
+        (413, "APIStatusError", "invalid_request_error", None),
+        (415, "APIStatusError", "invalid_request_error", None),
+        (429, "RateLimitError", "rate_limit_error", "rate_limit_exceeded"),
+        (431, "APIStatusError", "invalid_request_error", None),
+        (500, "InternalServerError", "server_error", None),
+        (503, "InternalServerError", "service_unavailable_error", None),
+        (504, "InternalServerError", "server_error", "timeout"),
+    ],
+)
+def test_every_error_reads_in_the_openai_client_as_openais_do(status, raised, kind, code):
+    """error.code was the HTTP status, a number: OpenAI's is a string naming the condition, or null, and
+    its client reads ours as the string "404"; 401 and 404 said types OpenAI never sends
+    (authentication_error, not_found_error). Each status now reads in the openai client as OpenAI's:
+    its exception class, OpenAI's type, a code of OpenAI's or None, the param given."""
+    openai = pytest.importorskip("openai")
+    from trtforge.llm.server.protocol import ApiError
+
+    http = getattr(openai._base_client, "httpx2", None) or openai._base_client.httpx
+    client = openai.OpenAI(api_key="k", base_url="http://127.0.0.1:1/v1", max_retries=0)
+    request = http.Request("POST", "http://127.0.0.1:1/v1/completions")
+    body = ApiError(status, "why", "prompt").body()
+    got = client._make_status_error_from_response(http.Response(status, json=body, request=request))
+    assert type(got).__name__ == raised and (got.type, got.code, got.param) == (kind, code, "prompt")
+    named = ApiError(404, "no model", "model", "model_not_found").body()["error"]
+    assert (named["type"], named["code"]) == ("invalid_request_error", "model_not_found")
 
 
 @pytest.mark.parametrize(

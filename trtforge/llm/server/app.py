@@ -162,6 +162,10 @@ def _check_key(state: ServerState, request: Request) -> None:
         raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY)")
 
 
+# OpenAI's error code for a prompt (plus the tokens asked for) past the model's context, which clients test
+# for to shorten the conversation and retry
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
 # characters of a model name a request may send beyond the longest served one: a longer one names no model
 MAX_MODEL_NAME_CHARS = 256
 
@@ -239,6 +243,7 @@ def _refuse_huge(state: ServerState, text: str, param: str) -> None:
                 f"{param}: {len(text):,} characters, far past this model's maximum context length of {limit} "
                 f"tokens (the first {cut:,} characters alone are {n:,} tokens)",
                 param,
+                CONTEXT_LENGTH_EXCEEDED,
             )
         cut *= 4
 
@@ -364,6 +369,7 @@ def _budget(
             f"{where}: {len(ids)} tokens, but this model's maximum context length is {state.max_model_len} "
             "tokens (prompt plus at least one new token)",
             prompt_param,
+            CONTEXT_LENGTH_EXCEEDED,
         )
     if asked is not None and asked > room:
         raise ApiError(
@@ -371,6 +377,7 @@ def _budget(
             f"{field_name}: {shown(asked)} new tokens after a {len(ids)}-token prompt exceed this model's "
             f"maximum context length {state.max_model_len}",
             field_name,
+            CONTEXT_LENGTH_EXCEEDED,
         )
     return asked if asked is not None else min(default or room, room)
 
@@ -657,10 +664,12 @@ def create_app(state: ServerState) -> FastAPI:
         return app.api_route(path, methods=["GET", "HEAD"])
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException) -> Response:
-        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too, with the
-        exception's headers (a 405's Allow, which RFC 9110 requires, names the methods the path takes)."""
-        body = error_body(e.status_code, str(e.detail))
+    async def http_error(request: Request, e: StarletteHTTPException) -> Response:
+        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too, naming the method
+        and path (as OpenAI's "Invalid URL (POST /v1/x)" does), with the exception's headers (a 405's
+        Allow, which RFC 9110 requires, names the methods the path takes)."""
+        asked = shown(f"{request.method} {request.url.path}")
+        body = error_body(e.status_code, f"{e.detail}: {asked}")
         return JSONResponse(body, status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)

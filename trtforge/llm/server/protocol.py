@@ -24,19 +24,20 @@ from trtforge.llm.sampling import LOGIT_BIAS_LIMIT, SEED_MAX, SEED_MIN, Sampling
 
 
 class ApiError(Exception):
-    """An HTTP error with OpenAI's error body (``{"error": {message, type, param, code}}``)."""
+    """An HTTP error with OpenAI's error body (``{"error": {message, type, param, code}}``), shaped as
+    OpenAI's: `type` its class of error for the status (:data:`TYPES`), `code` a string naming the
+    condition or null (OpenAI's codes where it has one: ``model_not_found``, ``invalid_api_key``, ...).
+    A numeric code (the status, as vLLM sends) is no OpenAI code: its clients read ``error.code`` as a
+    string to test ("404"), and a stream's error event, sent after a 200, has no other status to tell."""
 
-    TYPES: ClassVar[dict[int, str]] = {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        404: "not_found_error",
-        408: "timeout_error",
-        413: "invalid_request_error",
-        415: "invalid_request_error",
-        429: "rate_limit_error",
-        500: "server_error",
-        503: "service_unavailable",
-        504: "timeout_error",
+    # OpenAI's types: a client's error is an invalid_request_error (401 and 404 too), a 429 a
+    # rate_limit_error, a 503 a service_unavailable_error, any other server error a server_error
+    TYPES: ClassVar[dict[int, str]] = {429: "rate_limit_error", 503: "service_unavailable_error"}
+    # the code of a status whose raiser names none (others: null)
+    CODES: ClassVar[dict[int, str]] = {
+        401: "invalid_api_key",
+        429: "rate_limit_exceeded",
+        504: "timeout",
     }
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
@@ -48,13 +49,13 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error body for HTTP `status` (:class:`ApiError`'s type and code for it)."""
     return {
         "error": {
             "message": message,
-            # a 4xx not listed (405 wrong method, 422, ...) is still the client's: not a server_error
             "type": ApiError.TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
             "param": param,
-            "code": code if code is not None else status,
+            "code": code if code is not None else ApiError.CODES.get(status),
         }
     }
 
