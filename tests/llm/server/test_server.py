@@ -584,6 +584,25 @@ def test_what_the_openai_client_sends_is_accepted(client):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
 
 
+def test_a_misspelled_field_through_the_openai_client_is_a_bad_request(client):
+    """extra_body={"max_token": 5} was served as if max_tokens were unset (16 tokens); OpenAI's own
+    fields the server does not read (user, store, reasoning_effort) are still served."""
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="code-llama-21m", prompt=PROMPT, extra_body={"max_token": 5})
+    assert e.value.param == "max_token" and "did you mean max_tokens?" in e.value.message, e.value.body
+    r = client.chat.completions.create(
+        model="code-llama-21m",
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=2,
+        user="u",
+        store=False,
+        reasoning_effort="low",
+    )
+    assert r.usage.completion_tokens <= 2
+
+
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [

@@ -37,6 +37,7 @@ from trtforge.llm.server.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    check_fields,
     error_body,
     parse,
     response_format,
@@ -89,6 +90,8 @@ class ServerState:
     requests: int = 0
     # streams closed on a client that read nothing past the timeout, not yet logged by uvicorn
     streams_cut: int = 0
+    # the ignored request fields logged so far (:func:`_log_ignored`: each name once)
+    ignored_logged: set[str] = field(default_factory=set, init=False)
     metrics: Metrics = field(init=False)
     intake: asyncio.Semaphore = field(init=False)  # max_intake slots (:func:`_intake`)
     # set on the event loop once `draining` is (:meth:`drain_begun`): requests not yet admitted, waiting for
@@ -191,6 +194,24 @@ def _check_model(state: ServerState, name: str) -> str:
         "model",
         "model_not_found",  # OpenAI's code for it, which clients test for
     )
+
+
+# ignored field names logged at most (each once): clients choose them, and a set of every one ever sent
+# would grow without bound
+MAX_LOGGED_IGNORED = 256
+
+
+def _log_ignored(state: ServerState, paths: list[str]) -> None:
+    """A warning for each field of `paths` (the request's ignored ones) not logged before: the request is
+    served without it, which its sender may not expect. Once per name, at most :data:`MAX_LOGGED_IGNORED`."""
+    for path in paths:
+        if path in state.ignored_logged or len(state.ignored_logged) > MAX_LOGGED_IGNORED:
+            continue
+        state.ignored_logged.add(path)
+        if len(state.ignored_logged) > MAX_LOGGED_IGNORED:
+            log.warning("more ignored request fields: no more of them are logged")
+            return
+        log.warning("request field %s is not one this server reads: ignored (logged once)", shown(path))
 
 
 def _prompt_list(prompt: Any) -> list[Any]:
@@ -532,6 +553,7 @@ async def _read_request(
     req = parse(kind, await _body(request, state.max_request_bytes, state.body_timeout))
     name = _check_model(state, req.model)
     req.refuse_unserved()
+    _log_ignored(state, check_fields(req))
     if endpoint == "chat":
         _check_fits(state, 1, req.n)
         if req.top_logprobs is not None and not req.logprobs:  # as OpenAI and vLLM refuse it

@@ -1,7 +1,10 @@
 """The OpenAI request bodies the server accepts, and their mapping onto :class:`SamplingParams`.
 
 Field names and ranges follow OpenAI's API, plus vLLM's extensions (top_k, min_p, repetition_penalty,
-ignore_eos, stop_token_ids). Unknown fields are ignored, as OpenAI's SDKs send some (``user``). Types are
+ignore_eos, stop_token_ids). Unknown fields are ignored (OpenAI's own that this server does not read, such as
+``user``, and other servers' extensions), the server logging each name once, except one that misspells a
+field this server reads (``max_token``, ``temprature``, ``maxTokens``): a 400 naming both
+(:func:`check_fields`), since ignoring it would leave that field at its default unseen. Types are
 strict, as OpenAI's are: an integer field takes no ``true``, ``"2"`` or ``2.0``, a boolean no ``"yes"`` or
 ``1`` (a number field does take an integer: ``temperature: 1``); NaN and infinities are refused. ``null``
 for an optional field means its default, as OpenAI's nullable fields do. A bad field becomes
@@ -11,6 +14,7 @@ for an optional field means its default, as OpenAI's nullable fields do. A bad f
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import re
@@ -85,19 +89,25 @@ def _optional_fields(model: type[BaseModel]) -> frozenset[str]:
     return frozenset(f.alias or name for name, f in model.model_fields.items() if not f.is_required())
 
 
-class StreamOptions(_Base):
+class _Open(_Base):
+    """A request object whose unknown fields are kept (as model_extra) for :func:`check_fields`."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Open):
     include_usage: bool = False
     # vLLM's: with include_usage, every chunk carries its choice's usage so far
     continuous_usage_stats: bool = False
 
 
-class JsonSchema(_Base):
+class JsonSchema(_Open):
     name: str = "response"
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Base):
+class ResponseFormat(_Open):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchema | None = None
 
@@ -149,11 +159,96 @@ def _refuse_unserved_fields(req: BaseModel, table: dict[str, tuple[tuple[Any, ..
         )
 
 
-class _Sampling(_Base):
-    """The fields completions and chat share (unknown ones are kept, as model_extra, only for
-    :meth:`refuse_unserved` to look :data:`UNSERVED` up in)."""
+# The fields of other APIs that this server does not read, per object (its path; "" the request): OpenAI's
+# (its chat and completions requests, as the openai client types them) and vLLM's extensions. Accepted and
+# ignored (logged), never taken for a misspelling of a field this server reads (min_tokens is one letter
+# from max_tokens). tests/llm/server check that every field the openai client can send is here or read.
+OTHER_FIELDS: dict[str, frozenset[str]] = {
+    "": frozenset(
+        {
+            # OpenAI's
+            *("audio", "best_of", "echo", "function_call", "functions", "metadata", "modalities"),
+            *("moderation", "parallel_tool_calls", "prediction", "prompt_cache_key", "prompt_cache_options"),
+            *("prompt_cache_retention", "reasoning_effort", "safety_identifier", "service_tier", "store"),
+            *("suffix", "tool_choice", "tools", "user", "verbosity", "web_search_options"),
+            # vLLM's
+            *("add_special_tokens", "allowed_token_ids", "bad_words", "cache_salt", "chat_template"),
+            *("chat_template_kwargs", "continue_final_message", "documents", "guided_choice"),
+            *("guided_decoding_backend", "guided_grammar", "guided_json", "guided_regex"),
+            *("guided_whitespace_pattern", "include_reasoning", "include_stop_str_in_output"),
+            *("kv_transfer_params", "length_penalty", "logits_processors", "min_tokens"),
+            *("mm_processor_kwargs", "priority", "prompt_embeds", "prompt_logprobs", "request_id"),
+            *("return_token_ids", "return_tokens_as_token_ids", "skip_special_tokens"),
+            *("spaces_between_special_tokens", "structural_tag", "structured_outputs"),
+            *("truncate_prompt_tokens", "use_beam_search", "vllm_xargs"),
+        }
+    ),
+    "stream_options": frozenset({"include_obfuscation"}),
+    "response_format.json_schema": frozenset({"description"}),
+}
+# the fields that only label a request (for billing, caching, tracing) and change nothing in its answer:
+# ignored without a log line
+LABEL_FIELDS = frozenset(
+    {"user", "metadata", "store", "service_tier", "safety_identifier", "request_id", "priority", "cache_salt"}
+    | {"prompt_cache_key", "prompt_cache_options", "prompt_cache_retention"}
+)
+# how alike (difflib's ratio) an unknown field's name and a read one's must be to call it a misspelling:
+# max_token, temprature, top-p, stream_option, presense_penalty are; temp, length_penalty are not
+MISSPELLING_RATIO = 0.8
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+def _misspelled(name: str, fields: list[str]) -> str | None:
+    """The field of `fields` that unknown field `name` misspells, or None: the same once its case and
+    dashes are undone (maxTokens, max-tokens), else the likeliest within :data:`MISSPELLING_RATIO`."""
+    plain = _CAMEL.sub("_", name).lower().replace("-", "_")
+    if plain in fields:
+        return plain
+    close = difflib.get_close_matches(plain, fields, n=1, cutoff=MISSPELLING_RATIO)
+    return close[0] if close else None
+
+
+def _objects(req: BaseModel) -> list[tuple[str, BaseModel]]:
+    """`req` and the objects of it that keep their unknown fields (:class:`_Open`), each with its path."""
+    out: list[tuple[str, BaseModel]] = [("", req)]
+    stream = getattr(req, "stream_options", None)
+    if stream is not None:
+        out.append(("stream_options", stream))
+    fmt = getattr(req, "response_format", None)
+    if fmt is not None:
+        out.append(("response_format", fmt))
+        if fmt.json_schema is not None:
+            out.append(("response_format.json_schema", fmt.json_schema))
+    return out
+
+
+def check_fields(req: BaseModel) -> list[str]:
+    """The paths of `req`'s fields that this server ignores (unknown ones, and other APIs' it does not
+    read), but for :data:`LABEL_FIELDS`; ApiError 400 for one that misspells a field it reads (as OpenAI
+    answers an unknown field), naming both: ignored, it would leave the field meant at its default."""
+    ignored = []
+    for where, obj in _objects(req):
+        fields = [f.alias or n for n, f in type(obj).model_fields.items()]
+        other = OTHER_FIELDS.get(where, frozenset())
+        for name, value in (obj.model_extra or {}).items():
+            path = f"{where}.{_printable(name)}" if where else _printable(name)
+            meant = None if name in other or value is None else _misspelled(name, fields)
+            if meant is not None:
+                said = f"{where}.{meant}" if where else meant
+                raise ApiError(
+                    400,
+                    f"{path}: not a field of this API; did you mean {said}? (unknown fields are ignored, and "
+                    f"{said} would have been left at its default)",
+                    path,
+                )
+            if not (where == "" and name in LABEL_FIELDS | UNSERVED.keys() | UNSERVED_CHAT.keys()):
+                ignored.append(path)
+    return ignored
+
+
+class _Sampling(_Open):
+    """The fields completions and chat share (unknown ones are kept, as model_extra, for
+    :meth:`refuse_unserved` to look :data:`UNSERVED` up in and :func:`check_fields` to check)."""
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -493,7 +588,13 @@ def response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
         return None
     if fmt.type == "json_schema" and fmt.json_schema is None:
         raise ApiError(400, "response_format.json_schema is required for type json_schema", "response_format")
-    return fmt.model_dump(by_alias=True, exclude_none=True)
+    out: dict[str, Any] = {"type": fmt.type}
+    if fmt.json_schema is not None:  # (its declared fields: the unknown ones kept for check_fields stay out)
+        spec = fmt.json_schema
+        out["json_schema"] = spec.model_dump(
+            by_alias=True, exclude_none=True, exclude=set(spec.model_extra or ())
+        )
+    return out
 
 
 # digits of a logit_bias key at most: any vocabulary's ids fit, and int() never meets a 4,300-digit string
