@@ -187,6 +187,28 @@ def test_a_pattern_nested_too_deep_or_counting_past_int_is_refused_not_a_crash(m
     )
 
 
+def test_a_schema_nested_too_deep_is_refused_before_it_compiles(model_and_tokenizer):
+    """xgrammar's compile time grows faster than a schema's depth: an array of arrays 900 deep ran past
+    the 30 s timeout, holding one of the two compile threads on (the process's exit waits for it). Past
+    MAX_SCHEMA_DEPTH objects and arrays it is refused at once, naming the place."""
+    import time
+
+    from trtforge.llm.structured import MAX_SCHEMA_DEPTH, GrammarCompiler, GrammarError
+
+    def nested(depth: int) -> dict:
+        schema: dict = {"type": "integer"}
+        for _ in range(depth - 1):
+            schema = {"type": "array", "items": schema}
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+    start = time.monotonic()
+    with pytest.raises(GrammarError, match=rf"more than {MAX_SCHEMA_DEPTH} deep \(at \$\.items\.items"):
+        g.compile(nested(900))
+    assert time.monotonic() - start < 1
+    assert g.compile(nested(32)) is not None
+
+
 UNENFORCEABLE = [  # (schema, its place and keyword in the refusal, JSON the grammar let through)
     ({"type": "number", "multipleOf": 0.5}, r"\$ uses 'multipleOf' on a non-integer type", "0.3"),
     ({"type": "integer", "multipleOf": 3, "minimum": 1}, r"\$ uses 'multipleOf' with a minimum", "4"),

@@ -33,6 +33,10 @@ MAX_TOTAL_PATTERN_REPEAT = 8 * MAX_PATTERN_REPEAT
 # groups nested in a pattern: its scans recurse on them (Python's stack holds ~1,000; "(" * 5,000 was a
 # RecursionError, a 500 from the server)
 MAX_PATTERN_DEPTH = 64
+# objects and arrays nested in a schema: xgrammar's compile time grows faster than the depth (CPU box: an
+# array of arrays 64 deep 0.25 s, 128 deep 1.7 s, 200 deep 5 s, 900 deep past the 30 s timeout, holding a
+# compile thread on); 128 KB of schema nests ~5,000 deep
+MAX_SCHEMA_DEPTH = 100
 COMPILE_TIMEOUT_S = 30.0
 COMPILE_WORKERS = 2
 CACHE_SIZE = 128  # compiled grammars kept (least recently used dropped first)
@@ -165,17 +169,23 @@ def check_schema(schema: Any, text: str) -> None:
     """Refuse (GrammarError naming the place) a JSON schema too costly to compile: over
     :data:`MAX_SCHEMA_BYTES` as JSON (`text`), a ``pattern`` unrolling more than
     :data:`MAX_PATTERN_REPEAT` copies (:func:`pattern_repeat`), or all its patterns together more than
-    :data:`MAX_TOTAL_PATTERN_REPEAT`. Also bounds what the scans of a pattern recurse on: its groups'
-    depth (:data:`MAX_PATTERN_DEPTH`)."""
+    :data:`MAX_TOTAL_PATTERN_REPEAT`, or nesting objects and arrays past :data:`MAX_SCHEMA_DEPTH`. Also
+    bounds what the scans of a pattern recurse on: its groups' depth (:data:`MAX_PATTERN_DEPTH`)."""
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise GrammarError(
             f"response_format: the JSON schema is {len(text.encode()):,} bytes; at most {MAX_SCHEMA_BYTES:,} "
             "compile to a grammar in reasonable time."
         )
-    stack: list[tuple[Any, str]] = [(schema, "$")]
+    stack: list[tuple[Any, str, int]] = [(schema, "$", 1)]
     total = 0
     while stack:
-        node, where = stack.pop()
+        node, where, depth = stack.pop()
+        if isinstance(node, (dict, list)) and depth > MAX_SCHEMA_DEPTH:
+            raise GrammarError(
+                f"response_format: the JSON schema nests objects and arrays more than {MAX_SCHEMA_DEPTH} "
+                f"deep (at {clipped(where)}); deeper ones take too long to compile to a grammar: flatten it, "
+                "or use $defs and $ref for a recursive structure."
+            )
         if isinstance(node, dict):
             patterns = [(node.get("pattern"), f"{where}.pattern")]
             props = node.get("patternProperties")
@@ -184,10 +194,10 @@ def check_schema(schema: Any, text: str) -> None:
             for pat, at in patterns:
                 if not isinstance(pat, str):
                     continue
-                depth = pattern_depth(pat)
-                if depth > MAX_PATTERN_DEPTH:
+                groups = pattern_depth(pat)
+                if groups > MAX_PATTERN_DEPTH:
                     raise GrammarError(
-                        f"response_format: the schema's {at} nests groups {depth:,} deep; at most "
+                        f"response_format: the schema's {at} nests groups {groups:,} deep; at most "
                         f"{MAX_PATTERN_DEPTH} are taken."
                     )
                 n = pattern_repeat(pat)
@@ -204,9 +214,9 @@ def check_schema(schema: Any, text: str) -> None:
                         f"{at}); at most {MAX_TOTAL_PATTERN_REPEAT:,} compile in reasonable time: use * or + "
                         "for long runs, or smaller bounds."
                     )
-            stack += [(v, f"{where}.{shown_name(k)}") for k, v in node.items()]
+            stack += [(v, f"{where}.{shown_name(k)}", depth + 1) for k, v in node.items()]
         elif isinstance(node, list):
-            stack += [(v, f"{where}[{i}]") for i, v in enumerate(node)]
+            stack += [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(node)]
 
 
 # schema keywords whose values are subschemas: one (a dict or bool), a list of them, or a map of name -> one
