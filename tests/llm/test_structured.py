@@ -165,6 +165,50 @@ def test_schemas_too_costly_to_compile_are_refused_naming_the_place(model_and_to
     assert g.compile(fmt({"type": "string", "pattern": "[a-z]{1,40}"})) is not None
 
 
+def test_a_pattern_nested_too_deep_or_counting_past_int_is_refused_not_a_crash(model_and_tokenizer):
+    """The pattern scans recurse on groups and read a quantifier's digits with int(): "(" * 5,000 was a
+    RecursionError and a count of 5,000 digits a ValueError (each a 500 from the server, not the 400 a
+    schema it cannot take gets). Both are GrammarErrors naming the place."""
+    from trtforge.llm.structured import GrammarCompiler, GrammarError
+
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+    deep = "(" * 5000 + "a" + ")" * 5000
+    for pattern, said in [
+        (deep, r"\$\.properties\.a\.pattern nests groups 5,000 deep; at most 64"),
+        ("a{" + "9" * 5000 + "}", r"\$\.properties\.a\.pattern repeats a piece up to 1,000,000,000 times"),
+        ("(^a){1," + "9" * 5000 + "}", r"\$\.properties\.a\.pattern repeats a piece up to 1,000,000,000"),
+    ]:
+        schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+        with pytest.raises(GrammarError, match=said):
+            g.compile({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    nested = "(" * 64 + "a" + ")" * 64  # (within the bound)
+    assert g.compile(
+        {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": nested}}}
+    )
+
+
+def test_a_schema_nested_too_deep_is_refused_before_it_compiles(model_and_tokenizer):
+    """xgrammar's compile time grows faster than a schema's depth: an array of arrays 900 deep ran past
+    the 30 s timeout, holding one of the two compile threads on (the process's exit waits for it). Past
+    MAX_SCHEMA_DEPTH objects and arrays it is refused at once, naming the place."""
+    import time
+
+    from trtforge.llm.structured import MAX_SCHEMA_DEPTH, GrammarCompiler, GrammarError
+
+    def nested(depth: int) -> dict:
+        schema: dict = {"type": "integer"}
+        for _ in range(depth - 1):
+            schema = {"type": "array", "items": schema}
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+    start = time.monotonic()
+    with pytest.raises(GrammarError, match=rf"more than {MAX_SCHEMA_DEPTH} deep \(at \$\.items\.items"):
+        g.compile(nested(900))
+    assert time.monotonic() - start < 1
+    assert g.compile(nested(32)) is not None
+
+
 UNENFORCEABLE = [  # (schema, its place and keyword in the refusal, JSON the grammar let through)
     ({"type": "number", "multipleOf": 0.5}, r"\$ uses 'multipleOf' on a non-integer type", "0.3"),
     ({"type": "integer", "multipleOf": 3, "minimum": 1}, r"\$ uses 'multipleOf' with a minimum", "4"),
@@ -206,6 +250,32 @@ UNENFORCEABLE = [  # (schema, its place and keyword in the refusal, JSON the gra
         r"\$\.\$defs\.n uses 'multipleOf'",
         "3",
     ),
+    (
+        {"type": "string", "pattern": "a^b"},
+        r"\$ uses the anchor '\^' at character 1 of the pattern 'a\^b'",
+        '"ab"',
+    ),
+    (
+        {"type": "object", "properties": {"k": {"type": "string", "pattern": "(a$|b)c"}}},
+        r"\$\.properties\.k uses the anchor '\$' at character 2 of the pattern '\(a\$\|b\)c', not at",
+        '{"k": "ac"}',
+    ),
+    (
+        {"const": 3, "type": "string"},
+        r"\$ uses 'type' 'string' beside 'const' 3 \(a value it rules out\)",
+        "3",
+    ),
+    (
+        {"type": "array", "items": {"enum": ["a", 1], "type": "string"}},
+        r"\$\.items uses 'type' 'string' beside 'enum' item \[1\] 1",
+        "[1]",
+    ),
+    (
+        {"enum": ["a", "abc"], "maxLength": 2},
+        r"\$ uses 'maxLength' 2 beside 'enum' item \[1\] 'abc'",
+        '"abc"',
+    ),
+    ({"const": 5, "type": "integer", "maximum": 4}, r"\$ uses 'maximum' 4 beside 'const' 5", "5"),
 ]
 
 
@@ -263,8 +333,37 @@ def test_keywords_as_data_or_enforceable_constraints_still_compile(model_and_tok
         {"allOf": [{"type": "integer"}]},
         {"type": "array", "uniqueItems": False},
         {"type": "string", "pattern": r"[(?=]a\(?!"},  # in a class, escaped: no lookahead
+        {"type": "string", "pattern": r"^a$|^b$|(^c|d$)|[$^]\^?"},  # anchors at an end, or literal
+        {"const": 2.0, "type": "integer"},  # (2.0 is an integer)
+        {"enum": ["a", None], "type": ["string", "null"], "maxLength": 1},
     ):
         assert g.compile({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) is not None
+
+
+@pytest.mark.parametrize(
+    ("pattern", "found"),
+    [
+        ("^ab$", None),
+        ("^a|^b", None),
+        ("(^a)?b", None),
+        ("^(?:a|b)+$", None),
+        ("(^a|^b)(c$|d$)", None),
+        (r"[$^]\^\$", None),
+        ("a^b", (1, "^")),
+        ("a$b", (1, "$")),
+        ("$a", (0, "$")),
+        ("x(a|^b)", (4, "^")),
+        ("a?^b", (2, "^")),
+        ("(^a)*", (1, "^")),
+        ("(a$){1,3}", (2, "$")),
+    ],
+)
+def test_an_anchor_is_misplaced_unless_at_an_end_of_the_pattern(pattern, found):
+    """xgrammar matches a pattern against the whole string and drops its anchors: one that only an end of
+    the match can satisfy changes nothing; any other one (``a^b`` matches no string) it leaves out."""
+    from trtforge.llm.structured import misplaced_anchor
+
+    assert misplaced_anchor(pattern) == found
 
 
 def test_a_slow_compile_times_out_and_the_cache_stays_bounded(model_and_tokenizer, monkeypatch):

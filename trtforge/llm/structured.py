@@ -30,6 +30,13 @@ MAX_PATTERN_REPEAT = 4096
 # all of a schema's patterns together: each unrolls on its own (CPU box: 0.7 s a 4,096-repeat pattern), so
 # 128 KB of them was half an hour of a compile thread, which no timeout stops and the exit waits for
 MAX_TOTAL_PATTERN_REPEAT = 8 * MAX_PATTERN_REPEAT
+# groups nested in a pattern: its scans recurse on them (Python's stack holds ~1,000; "(" * 5,000 was a
+# RecursionError, a 500 from the server)
+MAX_PATTERN_DEPTH = 64
+# objects and arrays nested in a schema: xgrammar's compile time grows faster than the depth (CPU box: an
+# array of arrays 64 deep 0.25 s, 128 deep 1.7 s, 200 deep 5 s, 900 deep past the 30 s timeout, holding a
+# compile thread on); 128 KB of schema nests ~5,000 deep
+MAX_SCHEMA_DEPTH = 100
 COMPILE_TIMEOUT_S = 30.0
 COMPILE_WORKERS = 2
 CACHE_SIZE = 128  # compiled grammars kept (least recently used dropped first)
@@ -113,6 +120,26 @@ def pattern_repeat(pattern: str) -> int:
     return worst
 
 
+def _count(digits: str) -> int:
+    """A quantifier's count; one of over 9 digits as 10**9, past any bound (``int()`` refuses over 4,300
+    digits: a ValueError, a 500 from the server)."""
+    return int(digits) if len(digits) <= 9 else 10**9
+
+
+def pattern_depth(pattern: str) -> int:
+    """How deep regex `pattern` nests its groups (escapes and character classes skipped)."""
+    depth = deepest = i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "[":
+            i = _skip_class(pattern, i)
+            continue
+        depth += (c == "(") - (c == ")" and depth > 0)
+        deepest = max(deepest, depth)
+        i += 2 if c == "\\" else 1
+    return deepest
+
+
 def _repeat_seq(p: str, i: int) -> tuple[int, int]:
     """The worst factor of the sequence (and alternatives) from `i` to its closing ``)``; the index after."""
     worst = 1
@@ -121,11 +148,7 @@ def _repeat_seq(p: str, i: int) -> tuple[int, int]:
         if p[i] == "\\":
             i += 2
         elif p[i] == "[":
-            j = i + 1 + (p[i + 1 : i + 2] == "^")
-            j += p[j : j + 1] == "]"  # a leading ] is a literal
-            while j < len(p) and p[j] != "]":
-                j += 2 if p[j] == "\\" else 1
-            i = j + 1
+            i = _skip_class(p, i)
         elif p[i] == "(":
             inner, i = _repeat_seq(p, i + 1)
             i += 1  # past ")"
@@ -134,7 +157,7 @@ def _repeat_seq(p: str, i: int) -> tuple[int, int]:
         m = _QUANTIFIER.match(p, i)
         if m:
             hi = m.group(3)
-            count = int(hi) if hi else max(int(m.group(1)), 1)  # {n}, {m,n}; {m,} loops
+            count = _count(hi) if hi else max(_count(m.group(1)), 1)  # {n}, {m,n}; {m,} loops
             i = m.end()
         else:
             count = 1
@@ -146,16 +169,23 @@ def check_schema(schema: Any, text: str) -> None:
     """Refuse (GrammarError naming the place) a JSON schema too costly to compile: over
     :data:`MAX_SCHEMA_BYTES` as JSON (`text`), a ``pattern`` unrolling more than
     :data:`MAX_PATTERN_REPEAT` copies (:func:`pattern_repeat`), or all its patterns together more than
-    :data:`MAX_TOTAL_PATTERN_REPEAT`."""
+    :data:`MAX_TOTAL_PATTERN_REPEAT`, or nesting objects and arrays past :data:`MAX_SCHEMA_DEPTH`. Also
+    bounds what the scans of a pattern recurse on: its groups' depth (:data:`MAX_PATTERN_DEPTH`)."""
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise GrammarError(
             f"response_format: the JSON schema is {len(text.encode()):,} bytes; at most {MAX_SCHEMA_BYTES:,} "
             "compile to a grammar in reasonable time."
         )
-    stack: list[tuple[Any, str]] = [(schema, "$")]
+    stack: list[tuple[Any, str, int]] = [(schema, "$", 1)]
     total = 0
     while stack:
-        node, where = stack.pop()
+        node, where, depth = stack.pop()
+        if isinstance(node, (dict, list)) and depth > MAX_SCHEMA_DEPTH:
+            raise GrammarError(
+                f"response_format: the JSON schema nests objects and arrays more than {MAX_SCHEMA_DEPTH} "
+                f"deep (at {clipped(where)}); deeper ones take too long to compile to a grammar: flatten it, "
+                "or use $defs and $ref for a recursive structure."
+            )
         if isinstance(node, dict):
             patterns = [(node.get("pattern"), f"{where}.pattern")]
             props = node.get("patternProperties")
@@ -164,6 +194,12 @@ def check_schema(schema: Any, text: str) -> None:
             for pat, at in patterns:
                 if not isinstance(pat, str):
                     continue
+                groups = pattern_depth(pat)
+                if groups > MAX_PATTERN_DEPTH:
+                    raise GrammarError(
+                        f"response_format: the schema's {at} nests groups {groups:,} deep; at most "
+                        f"{MAX_PATTERN_DEPTH} are taken."
+                    )
                 n = pattern_repeat(pat)
                 if n > MAX_PATTERN_REPEAT:
                     raise GrammarError(
@@ -178,9 +214,9 @@ def check_schema(schema: Any, text: str) -> None:
                         f"{at}); at most {MAX_TOTAL_PATTERN_REPEAT:,} compile in reasonable time: use * or + "
                         "for long runs, or smaller bounds."
                     )
-            stack += [(v, f"{where}.{shown_name(k)}") for k, v in node.items()]
+            stack += [(v, f"{where}.{shown_name(k)}", depth + 1) for k, v in node.items()]
         elif isinstance(node, list):
-            stack += [(v, f"{where}[{i}]") for i, v in enumerate(node)]
+            stack += [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(node)]
 
 
 # schema keywords whose values are subschemas: one (a dict or bool), a list of them, or a map of name -> one
@@ -232,16 +268,83 @@ def has_lookahead(pattern: str) -> bool:
             i += 2
             continue
         if c == "[":
-            j = i + 1 + (pattern[i + 1 : i + 2] == "^")
-            j += pattern[j : j + 1] == "]"  # a leading ] is a literal
-            while j < len(pattern) and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            i = j + 1
+            i = _skip_class(pattern, i)
             continue
         if pattern.startswith(("(?=", "(?!"), i):
             return True
         i += 1
     return False
+
+
+def _skip_class(pattern: str, i: int) -> int:
+    """The index past the character class that opens at `pattern[i]` (``[``)."""
+    j = i + 1 + (pattern[i + 1 : i + 2] == "^")
+    j += pattern[j : j + 1] == "]"  # a leading ] is a literal
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1
+
+
+_GROUP_HEAD = re.compile(r"\?(?:[:=!]|<[=!]|P?<[A-Za-z_][A-Za-z0-9_]*>)")  # (?: (?= (?<= (?<name> ...
+_QUANTIFIER_AT = re.compile(r"[*+?]|\{(\d+)(?:,(\d*))?\}")
+
+
+def _anchor_tree(p: str, i: int) -> tuple[list[list[Any]], int]:
+    """The alternatives of regex `p` from `i` to its closing ``)`` (or its end), each a list of items:
+    ``("anchor", index, "^" or "$")``, ``("group", alternatives, repeated)`` (quantified to match twice or
+    more) or ``None``, any other piece (one that can match characters); and the index of that ``)``."""
+    alts: list[list[Any]] = [[]]
+    while i < len(p) and p[i] != ")":
+        c = p[i]
+        if c == "|":
+            alts.append([])
+            i += 1
+            continue
+        if c in "^$":
+            alts[-1].append(("anchor", i, c))
+            i += 1
+            continue
+        inner = None
+        if c == "(":
+            head = _GROUP_HEAD.match(p, i + 1)
+            inner, i = _anchor_tree(p, head.end() if head else i + 1)
+            i += 1  # past ")"
+        else:
+            i = i + 2 if c == "\\" else _skip_class(p, i) if c == "[" else i + 1
+        m = _QUANTIFIER_AT.match(p, i)
+        repeated = False
+        if m is not None:
+            low, high = m.group(1), m.group(2)
+            repeated = m.group() != "?" and (
+                low is None or high == "" or max(_count(low), _count(high or "0")) > 1
+            )
+            i = m.end() + (p[m.end() : m.end() + 1] in ("?", "+"))  # (lazy or possessive)
+        alts[-1].append(None if inner is None else ("group", inner, repeated))
+    return alts, i
+
+
+def misplaced_anchor(pattern: str) -> tuple[int, str] | None:
+    """(index, character) of the first ``^`` or ``$`` of regex `pattern` (outside escapes and character
+    classes) that is not at an end of it: a ``^`` after a piece that can match characters, a ``$`` before
+    one, or either in a group repeated twice or more. xgrammar matches the pattern against the whole
+    string and drops such an anchor (a warning on stderr): ``a^b``, which no string matches, let "ab"
+    through. One at an end says only what the whole match already is (``^a$``, ``^a|^b``, ``(^a)``).
+    Recursive in the pattern's groups, which :func:`check_schema` bounds first."""
+    bad = []
+    # (alternatives, at the pattern's start, at its end, inside a repeated group); an unbalanced ")" ends
+    # the scan (no compiler takes the pattern)
+    stack: list[tuple[list[list[Any]], bool, bool, bool]] = [(_anchor_tree(pattern, 0)[0], True, True, False)]
+    while stack:
+        alts, first, last, repeated = stack.pop()
+        for seq in alts:
+            empty = [x is not None and x[0] == "anchor" for x in seq]  # (an anchor matches no character)
+            for k, item in enumerate(seq):
+                before, after = first and all(empty[:k]), last and all(empty[k + 1 :])
+                if empty[k] and (repeated or not (before if item[2] == "^" else after)):
+                    bad.append(item[1:])
+                elif item is not None and item[0] == "group":
+                    stack.append((item[1], before, after, repeated or item[2]))
+    return min(bad, default=None)
 
 
 def _types(node: dict[str, Any]) -> set[str] | None:
@@ -301,7 +404,73 @@ def _unenforced(node: dict[str, Any]) -> tuple[str, str] | None:
     for pat in patterns:
         if isinstance(pat, str) and has_lookahead(pat):
             return f"a lookahead ((?= or (?!) in the pattern {shown(pat)}", "write the pattern without it"
+        anchor = misplaced_anchor(pat) if isinstance(pat, str) else None
+        if anchor is not None:
+            return (
+                f"the anchor {shown(anchor[1])} at character {anchor[0]} of the pattern {shown(pat)}, not at "
+                "its start or end",
+                "put ^ only at the pattern's start and $ only at its end, or escape it (\\^, \\$) to match "
+                "the character",
+            )
+    return _beside_values(node)
+
+
+_JSON_TYPES = frozenset({"null", "boolean", "integer", "number", "string", "array", "object"})
+
+
+def _json_type_of(value: Any, types: set[str]) -> bool:
+    """Whether JSON `value` is of one of JSON Schema's `types` (an integer is a number; 2.0 an integer)."""
+    if value is None:
+        return "null" in types
+    if isinstance(value, bool):
+        return "boolean" in types
+    if isinstance(value, int):
+        return bool(types & {"integer", "number"})
+    if isinstance(value, float):
+        return "number" in types or ("integer" in types and value.is_integer())
+    kind = "string" if isinstance(value, str) else "array" if isinstance(value, list) else "object"
+    return kind in types
+
+
+def _beside_values(node: dict[str, Any]) -> tuple[str, str] | None:
+    """(what, the remedy) for a ``const`` or ``enum`` value of schema `node` that breaks the node's own
+    ``type``, lengths or range: xgrammar serves the values and leaves the rest out, so that
+    ``{"const": 3, "type": "string"}``, which no value matches, gave 3."""
+    values = [("'const'", node["const"])] if "const" in node else []
+    if isinstance(node.get("enum"), list):
+        values += [(f"'enum' item [{i}]", v) for i, v in enumerate(node["enum"])]
+    types = _types(node)
+    for name, value in values:
+        broken = None
+        if types is not None and types <= _JSON_TYPES and not _json_type_of(value, types):
+            broken = f"'type' {shown(node['type'])}"
+        elif isinstance(value, str):
+            low, high = node.get("minLength"), node.get("maxLength")
+            if isinstance(low, int) and len(value) < low:
+                broken = f"'minLength' {low}"
+            elif isinstance(high, int) and len(value) > high:
+                broken = f"'maxLength' {high}"
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            for key, ok in _RANGE_TESTS.items():
+                bound = node.get(key)
+                if isinstance(bound, (int, float)) and not isinstance(bound, bool) and not ok(value, bound):
+                    broken = f"{shown(key)} {shown(bound)}"
+                    break
+        if broken is not None:
+            said = shown(value) if isinstance(value, str) else clipped(json.dumps(value))
+            return (
+                f"{broken} beside {name} {said} (a value it rules out)",
+                f"make them agree: drop or change the value, or the {broken.split()[0]}",
+            )
     return None
+
+
+_RANGE_TESTS: dict[str, Callable[[Any, Any], bool]] = {
+    "minimum": lambda v, b: v >= b,
+    "maximum": lambda v, b: v <= b,
+    "exclusiveMinimum": lambda v, b: v > b,
+    "exclusiveMaximum": lambda v, b: v < b,
+}
 
 
 def check_enforceable(schema: Any) -> None:
@@ -312,7 +481,9 @@ def check_enforceable(schema: Any) -> None:
     ``{}``), ``not`` (``{"not": {"type": "string"}}`` gave "a"), ``if``, an ``allOf`` of several
     schemas, ``uniqueItems``, ``dependentRequired``/``dependentSchemas``, ``multipleOf`` on numbers
     or beside a range (``{"type": "number", "multipleOf": 1}`` gave 0.5), ``minLength``/``maxLength``
-    beside a ``pattern`` or ``format``, and a pattern's lookahead."""
+    beside a ``pattern`` or ``format``, a pattern's lookahead or its ``^``/``$`` away from its ends
+    (:func:`misplaced_anchor`), and a ``const`` or ``enum`` value outside its schema's own ``type``,
+    lengths or range (``{"const": 3, "type": "string"}`` gave 3)."""
     for node, where in _subschemas(schema):
         found = _unenforced(node)
         if found is not None:

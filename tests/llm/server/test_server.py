@@ -434,7 +434,8 @@ def test_bad_key_is_401(server):
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as e:
         bad.completions.create(model="code-llama-21m", prompt="x", max_tokens=2)
-    assert e.value.status_code == 401 and e.value.body["type"] == "authentication_error"
+    assert e.value.status_code == 401 and e.value.type == "invalid_request_error"
+    assert e.value.code == "invalid_api_key", e.value.body
 
 
 @pytest.mark.parametrize(
@@ -467,6 +468,26 @@ def test_malformed_bodies_are_400_naming_the_field(server, body, field):
     assert err["type"] == "invalid_request_error" and err["message"]
     if field is not None:
         assert err["param"] == field and field in err["message"]
+
+
+def test_a_prompt_past_the_context_is_openais_context_length_exceeded(client):
+    """OpenAI's code for a prompt (plus max_tokens) past the context is "context_length_exceeded", which
+    clients test for to shorten the conversation and retry; ours was the number 400. (max_tokens past the
+    context alone has no such code: no shorter prompt fits it.)"""
+    import openai
+
+    calls = [
+        lambda: client.completions.create(model="code-llama-21m", prompt="x " * 3000, max_tokens=1),
+        lambda: client.completions.create(model="code-llama-21m", prompt=[5] * 1000, max_tokens=1500),
+        lambda: client.chat.completions.create(
+            model="code-llama-21m", messages=[{"role": "user", "content": "x " * 3000}]
+        ),
+    ]
+    for call, param in zip(calls, ["prompt", "max_tokens", "messages"]):
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        assert e.value.code == "context_length_exceeded" and e.value.param == param, e.value.body
+        assert e.value.type == "invalid_request_error", e.value.body
 
 
 def test_top_p_zero_is_served_as_the_likeliest_token(client):
@@ -505,8 +526,11 @@ def test_unknown_model_or_path_is_404_in_openais_schema(server):
     r = httpx.post(server.url + "/v1/completions", json={"model": "gpt-4", "prompt": "x"}, headers=headers)
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     r = httpx.post(server.url + "/v1/nothing", json={}, headers=headers)
-    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-    assert httpx.get(server.url + "/v1/completions", headers=headers).json()["error"]["code"] == 405
+    assert r.status_code == 404, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["code"] is None
+    assert "POST /v1/nothing" in r.json()["error"]["message"], r.text
+    err = httpx.get(server.url + "/v1/completions", headers=headers).json()["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] is None, err
 
 
 def test_unknown_model_has_openais_model_not_found_code(client):
@@ -521,6 +545,7 @@ def test_unknown_model_has_openais_model_not_found_code(client):
         with pytest.raises(openai.NotFoundError) as e:
             call()
         assert e.value.code == "model_not_found" and e.value.param == "model", e.value.body
+        assert e.value.type == "invalid_request_error", e.value.body
 
 
 def test_what_the_openai_client_sends_is_accepted(client):
@@ -557,6 +582,25 @@ def test_what_the_openai_client_sends_is_accepted(client):
         )
     )
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+def test_a_misspelled_field_through_the_openai_client_is_a_bad_request(client):
+    """extra_body={"max_token": 5} was served as if max_tokens were unset (16 tokens); OpenAI's own
+    fields the server does not read (user, store, reasoning_effort) are still served."""
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="code-llama-21m", prompt=PROMPT, extra_body={"max_token": 5})
+    assert e.value.param == "max_token" and "did you mean max_tokens?" in e.value.message, e.value.body
+    r = client.chat.completions.create(
+        model="code-llama-21m",
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=2,
+        user="u",
+        store=False,
+        reasoning_effort="low",
+    )
+    assert r.usage.completion_tokens <= 2
 
 
 @pytest.mark.parametrize(

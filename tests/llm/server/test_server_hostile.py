@@ -652,7 +652,7 @@ def test_headers_past_the_bound_are_a_431_and_the_connection_closes(server):
     out = _raw_exchange(server, head, 16, b"\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 431 "), out[:200]
     err = json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]
-    assert "65,536 bytes" in err["message"] and err["code"] == 431, err
+    assert "65,536 bytes" in err["message"] and err["type"] == "invalid_request_error", err
     ok = _raw_exchange(server, head + b"b" * 32 * 2**10, 0, b"\r\nConnection: close\r\n\r\n")
     assert ok.startswith(b"HTTP/1.1 200 "), ok[:200]
     assert "Traceback" not in server.log(), server.log()

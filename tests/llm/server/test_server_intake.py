@@ -179,7 +179,7 @@ def test_a_body_trickling_past_body_timeout_is_a_408_and_frees_its_slot(impatien
         s.close()
     assert status == 408 and 0.9 < time.monotonic() - start < 10
     error = json.loads(body)["error"]
-    assert error["type"] == "timeout_error" and "--body-timeout 1 s" in error["message"]
+    assert error["type"] == "invalid_request_error" and "--body-timeout 1 s" in error["message"]
     assert _post(impatient, BODY).status_code == 200  # the slot came back
     m = impatient.metrics()
     assert (m["trtforge_http_requests_intake"], m["trtforge_http_requests_intake_waiting"]) == (0, 0)
@@ -211,7 +211,7 @@ def test_requests_in_intake_when_the_drain_begins_get_a_503_in_openais_schema(tm
                 status, body = _response(s)
                 assert status == 503, (status, body)
                 error = json.loads(body)["error"]
-                assert error["type"] == "service_unavailable" and "shutting down" in error["message"]
+                assert error["type"] == "service_unavailable_error" and "shutting down" in error["message"]
             assert server.proc.wait(60) == 0, server.log()
         finally:
             for s in opened:

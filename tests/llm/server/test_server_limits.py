@@ -110,7 +110,7 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(server):
     server.terminate()
     _wait_for(lambda: httpx.get(server.url + "/health").status_code == 503)
     r = httpx.post(server.url + "/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 2})
-    assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+    assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable_error"
     for t in threads:
         t.join()
     assert server.proc.wait(60) == 0

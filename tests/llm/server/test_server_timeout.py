@@ -29,12 +29,13 @@ def test_a_request_past_the_timeout_is_504_and_frees_its_blocks(server):
     import httpx
 
     r = httpx.post(server.url + "/v1/completions", json=LONG, timeout=30)
-    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+    assert r.status_code == 504 and r.json()["error"]["type"] == "server_error"
+    assert r.json()["error"]["code"] == "timeout"
     assert "--request-timeout" in r.json()["error"]["message"]
     with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=30) as s:
         lines = [line for line in s.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
-    assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == 504
+    assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == "timeout"
     server.wait_blocks_free()
     short = httpx.post(server.url + "/v1/completions", json={**LONG, "max_tokens": 3}, timeout=30)
     assert short.status_code == 200 and short.json()["usage"]["completion_tokens"] == 3
@@ -53,7 +54,7 @@ def test_a_stream_is_counted_in_metrics_by_how_it_ended(server):
     ok0, late0 = counts()
     with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=30) as s:
         lines = [line for line in s.iter_lines() if line]
-    assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == 504
+    assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == "timeout"
     _wait_for(lambda: counts() == (ok0, late0 + 1))
     short = {**LONG, "max_tokens": 3, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=short, timeout=30) as s:

@@ -37,6 +37,7 @@ from trtforge.llm.server.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    check_fields,
     error_body,
     parse,
     response_format,
@@ -89,6 +90,8 @@ class ServerState:
     requests: int = 0
     # streams closed on a client that read nothing past the timeout, not yet logged by uvicorn
     streams_cut: int = 0
+    # the ignored request fields logged so far (:func:`_log_ignored`: each name once)
+    ignored_logged: set[str] = field(default_factory=set, init=False)
     metrics: Metrics = field(init=False)
     intake: asyncio.Semaphore = field(init=False)  # max_intake slots (:func:`_intake`)
     # set on the event loop once `draining` is (:meth:`drain_begun`): requests not yet admitted, waiting for
@@ -162,6 +165,10 @@ def _check_key(state: ServerState, request: Request) -> None:
         raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY)")
 
 
+# OpenAI's error code for a prompt (plus the tokens asked for) past the model's context, which clients test
+# for to shorten the conversation and retry
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
 # characters of a model name a request may send beyond the longest served one: a longer one names no model
 MAX_MODEL_NAME_CHARS = 256
 
@@ -187,6 +194,24 @@ def _check_model(state: ServerState, name: str) -> str:
         "model",
         "model_not_found",  # OpenAI's code for it, which clients test for
     )
+
+
+# ignored field names logged at most (each once): clients choose them, and a set of every one ever sent
+# would grow without bound
+MAX_LOGGED_IGNORED = 256
+
+
+def _log_ignored(state: ServerState, paths: list[str]) -> None:
+    """A warning for each field of `paths` (the request's ignored ones) not logged before: the request is
+    served without it, which its sender may not expect. Once per name, at most :data:`MAX_LOGGED_IGNORED`."""
+    for path in paths:
+        if path in state.ignored_logged or len(state.ignored_logged) > MAX_LOGGED_IGNORED:
+            continue
+        state.ignored_logged.add(path)
+        if len(state.ignored_logged) > MAX_LOGGED_IGNORED:
+            log.warning("more ignored request fields: no more of them are logged")
+            return
+        log.warning("request field %s is not one this server reads: ignored (logged once)", shown(path))
 
 
 def _prompt_list(prompt: Any) -> list[Any]:
@@ -239,6 +264,7 @@ def _refuse_huge(state: ServerState, text: str, param: str) -> None:
                 f"{param}: {len(text):,} characters, far past this model's maximum context length of {limit} "
                 f"tokens (the first {cut:,} characters alone are {n:,} tokens)",
                 param,
+                CONTEXT_LENGTH_EXCEEDED,
             )
         cut *= 4
 
@@ -364,6 +390,7 @@ def _budget(
             f"{where}: {len(ids)} tokens, but this model's maximum context length is {state.max_model_len} "
             "tokens (prompt plus at least one new token)",
             prompt_param,
+            CONTEXT_LENGTH_EXCEEDED,
         )
     if asked is not None and asked > room:
         raise ApiError(
@@ -371,6 +398,7 @@ def _budget(
             f"{field_name}: {shown(asked)} new tokens after a {len(ids)}-token prompt exceed this model's "
             f"maximum context length {state.max_model_len}",
             field_name,
+            CONTEXT_LENGTH_EXCEEDED,
         )
     return asked if asked is not None else min(default or room, room)
 
@@ -525,6 +553,7 @@ async def _read_request(
     req = parse(kind, await _body(request, state.max_request_bytes, state.body_timeout))
     name = _check_model(state, req.model)
     req.refuse_unserved()
+    _log_ignored(state, check_fields(req))
     if endpoint == "chat":
         _check_fits(state, 1, req.n)
         if req.top_logprobs is not None and not req.logprobs:  # as OpenAI and vLLM refuse it
@@ -657,10 +686,12 @@ def create_app(state: ServerState) -> FastAPI:
         return app.api_route(path, methods=["GET", "HEAD"])
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException) -> Response:
-        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too, with the
-        exception's headers (a 405's Allow, which RFC 9110 requires, names the methods the path takes)."""
-        body = error_body(e.status_code, str(e.detail))
+    async def http_error(request: Request, e: StarletteHTTPException) -> Response:
+        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too, naming the method
+        and path (as OpenAI's "Invalid URL (POST /v1/x)" does), with the exception's headers (a 405's
+        Allow, which RFC 9110 requires, names the methods the path takes)."""
+        asked = shown(f"{request.method} {request.url.path}")
+        body = error_body(e.status_code, f"{e.detail}: {asked}")
         return JSONResponse(body, status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)

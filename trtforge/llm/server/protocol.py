@@ -1,7 +1,10 @@
 """The OpenAI request bodies the server accepts, and their mapping onto :class:`SamplingParams`.
 
 Field names and ranges follow OpenAI's API, plus vLLM's extensions (top_k, min_p, repetition_penalty,
-ignore_eos, stop_token_ids). Unknown fields are ignored, as OpenAI's SDKs send some (``user``). Types are
+ignore_eos, stop_token_ids). Unknown fields are ignored (OpenAI's own that this server does not read, such as
+``user``, and other servers' extensions), the server logging each name once, except one that misspells a
+field this server reads (``max_token``, ``temprature``, ``maxTokens``): a 400 naming both
+(:func:`check_fields`), since ignoring it would leave that field at its default unseen. Types are
 strict, as OpenAI's are: an integer field takes no ``true``, ``"2"`` or ``2.0``, a boolean no ``"yes"`` or
 ``1`` (a number field does take an integer: ``temperature: 1``); NaN and infinities are refused. ``null``
 for an optional field means its default, as OpenAI's nullable fields do. A bad field becomes
@@ -11,6 +14,7 @@ for an optional field means its default, as OpenAI's nullable fields do. A bad f
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import re
@@ -24,19 +28,20 @@ from trtforge.llm.sampling import LOGIT_BIAS_LIMIT, SEED_MAX, SEED_MIN, Sampling
 
 
 class ApiError(Exception):
-    """An HTTP error with OpenAI's error body (``{"error": {message, type, param, code}}``)."""
+    """An HTTP error with OpenAI's error body (``{"error": {message, type, param, code}}``), shaped as
+    OpenAI's: `type` its class of error for the status (:data:`TYPES`), `code` a string naming the
+    condition or null (OpenAI's codes where it has one: ``model_not_found``, ``invalid_api_key``, ...).
+    A numeric code (the status, as vLLM sends) is no OpenAI code: its clients read ``error.code`` as a
+    string to test ("404"), and a stream's error event, sent after a 200, has no other status to tell."""
 
-    TYPES: ClassVar[dict[int, str]] = {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        404: "not_found_error",
-        408: "timeout_error",
-        413: "invalid_request_error",
-        415: "invalid_request_error",
-        429: "rate_limit_error",
-        500: "server_error",
-        503: "service_unavailable",
-        504: "timeout_error",
+    # OpenAI's types: a client's error is an invalid_request_error (401 and 404 too), a 429 a
+    # rate_limit_error, a 503 a service_unavailable_error, any other server error a server_error
+    TYPES: ClassVar[dict[int, str]] = {429: "rate_limit_error", 503: "service_unavailable_error"}
+    # the code of a status whose raiser names none (others: null)
+    CODES: ClassVar[dict[int, str]] = {
+        401: "invalid_api_key",
+        429: "rate_limit_exceeded",
+        504: "timeout",
     }
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
@@ -48,13 +53,13 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error body for HTTP `status` (:class:`ApiError`'s type and code for it)."""
     return {
         "error": {
             "message": message,
-            # a 4xx not listed (405 wrong method, 422, ...) is still the client's: not a server_error
             "type": ApiError.TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
             "param": param,
-            "code": code if code is not None else status,
+            "code": code if code is not None else ApiError.CODES.get(status),
         }
     }
 
@@ -84,19 +89,25 @@ def _optional_fields(model: type[BaseModel]) -> frozenset[str]:
     return frozenset(f.alias or name for name, f in model.model_fields.items() if not f.is_required())
 
 
-class StreamOptions(_Base):
+class _Open(_Base):
+    """A request object whose unknown fields are kept (as model_extra) for :func:`check_fields`."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Open):
     include_usage: bool = False
     # vLLM's: with include_usage, every chunk carries its choice's usage so far
     continuous_usage_stats: bool = False
 
 
-class JsonSchema(_Base):
+class JsonSchema(_Open):
     name: str = "response"
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Base):
+class ResponseFormat(_Open):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchema | None = None
 
@@ -148,11 +159,112 @@ def _refuse_unserved_fields(req: BaseModel, table: dict[str, tuple[tuple[Any, ..
         )
 
 
-class _Sampling(_Base):
-    """The fields completions and chat share (unknown ones are kept, as model_extra, only for
-    :meth:`refuse_unserved` to look :data:`UNSERVED` up in)."""
+# The fields of other APIs that this server does not read, per object (its path; "" the request): OpenAI's
+# (its chat and completions requests, as the openai client types them) and vLLM's extensions. Accepted and
+# ignored (logged), never taken for a misspelling of a field this server reads (min_tokens is one letter
+# from max_tokens). tests/llm/server check that every field the openai client can send is here or read.
+OTHER_FIELDS: dict[str, frozenset[str]] = {
+    "": frozenset(
+        {
+            # OpenAI's
+            *("audio", "best_of", "echo", "function_call", "functions", "metadata", "modalities"),
+            *("moderation", "parallel_tool_calls", "prediction", "prompt_cache_key", "prompt_cache_options"),
+            *("prompt_cache_retention", "reasoning_effort", "safety_identifier", "service_tier", "store"),
+            *("suffix", "tool_choice", "tools", "user", "verbosity", "web_search_options"),
+            # vLLM's
+            *("add_special_tokens", "allowed_token_ids", "bad_words", "cache_salt", "chat_template"),
+            *("chat_template_kwargs", "continue_final_message", "documents", "guided_choice"),
+            *("guided_decoding_backend", "guided_grammar", "guided_json", "guided_regex"),
+            *("guided_whitespace_pattern", "include_reasoning", "include_stop_str_in_output"),
+            *("kv_transfer_params", "length_penalty", "logits_processors", "min_tokens"),
+            *("mm_processor_kwargs", "priority", "prompt_embeds", "prompt_logprobs", "request_id"),
+            *("return_token_ids", "return_tokens_as_token_ids", "skip_special_tokens"),
+            *("spaces_between_special_tokens", "structural_tag", "structured_outputs"),
+            *("truncate_prompt_tokens", "use_beam_search", "vllm_xargs"),
+        }
+    ),
+    "stream_options": frozenset({"include_obfuscation"}),
+    "response_format.json_schema": frozenset({"description"}),
+}
+# the fields that only label a request (for billing, caching, tracing) and change nothing in its answer:
+# ignored without a log line
+LABEL_FIELDS = frozenset(
+    {"user", "metadata", "store", "service_tier", "safety_identifier", "request_id", "priority", "cache_salt"}
+    | {"prompt_cache_key", "prompt_cache_options", "prompt_cache_retention"}
+)
+# how alike (difflib's ratio) an unknown field's name and a read one's must be to call it a misspelling:
+# max_token, temprature, top-p, stream_option, presense_penalty are; temp, length_penalty are not
+MISSPELLING_RATIO = 0.8
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+# unknown fields a request may hold: each is matched against the fields read (a fifth of a millisecond of the
+# event loop), and 300,000 of them in a 6 MB body held every client for 65 s
+MAX_UNKNOWN_FIELDS = 64
+# a longer name misspells no field (at ratio 0.8 it is at most 1.5x the field's length: 21 at most here)
+MAX_FIELD_NAME_CHARS = 64
 
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+def _misspelled(name: str, fields: list[str]) -> str | None:
+    """The field of `fields` that unknown field `name` misspells, or None: the same once its case and
+    dashes are undone (maxTokens, max-tokens), else the likeliest within :data:`MISSPELLING_RATIO`."""
+    if len(name) > MAX_FIELD_NAME_CHARS:
+        return None
+    plain = _CAMEL.sub("_", name).lower().replace("-", "_")
+    if plain in fields:
+        return plain
+    close = difflib.get_close_matches(plain, fields, n=1, cutoff=MISSPELLING_RATIO)
+    return close[0] if close else None
+
+
+def _objects(req: BaseModel) -> list[tuple[str, BaseModel]]:
+    """`req` and the objects of it that keep their unknown fields (:class:`_Open`), each with its path."""
+    out: list[tuple[str, BaseModel]] = [("", req)]
+    stream = getattr(req, "stream_options", None)
+    if stream is not None:
+        out.append(("stream_options", stream))
+    fmt = getattr(req, "response_format", None)
+    if fmt is not None:
+        out.append(("response_format", fmt))
+        if fmt.json_schema is not None:
+            out.append(("response_format.json_schema", fmt.json_schema))
+    return out
+
+
+def check_fields(req: BaseModel) -> list[str]:
+    """The paths of `req`'s fields that this server ignores (unknown ones, and other APIs' it does not
+    read), but for :data:`LABEL_FIELDS`; ApiError 400 for one that misspells a field it reads (as OpenAI
+    answers an unknown field), naming both: ignored, it would leave the field meant at its default; 400
+    too past :data:`MAX_UNKNOWN_FIELDS` unknown fields (no client sends so many)."""
+    objects = _objects(req)
+    unknown = sum(len(obj.model_extra or ()) for _, obj in objects)
+    if unknown > MAX_UNKNOWN_FIELDS:
+        raise ApiError(
+            400,
+            f"the request holds {unknown:,} fields this server does not read; at most "
+            f"{MAX_UNKNOWN_FIELDS} are ignored",
+        )
+    ignored = []
+    for where, obj in objects:
+        fields = [f.alias or n for n, f in type(obj).model_fields.items()]
+        other = OTHER_FIELDS.get(where, frozenset())
+        for name, value in (obj.model_extra or {}).items():
+            path = f"{where}.{_printable(name)}" if where else _printable(name)
+            meant = None if name in other or value is None else _misspelled(name, fields)
+            if meant is not None:
+                said = f"{where}.{meant}" if where else meant
+                raise ApiError(
+                    400,
+                    f"{path}: not a field of this API; did you mean {said}? (unknown fields are ignored, and "
+                    f"{said} would have been left at its default)",
+                    path,
+                )
+            if not (where == "" and name in LABEL_FIELDS | UNSERVED.keys() | UNSERVED_CHAT.keys()):
+                ignored.append(path)
+    return ignored
+
+
+class _Sampling(_Open):
+    """The fields completions and chat share (unknown ones are kept, as model_extra, for
+    :meth:`refuse_unserved` to look :data:`UNSERVED` up in and :func:`check_fields` to check)."""
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -492,7 +604,13 @@ def response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
         return None
     if fmt.type == "json_schema" and fmt.json_schema is None:
         raise ApiError(400, "response_format.json_schema is required for type json_schema", "response_format")
-    return fmt.model_dump(by_alias=True, exclude_none=True)
+    out: dict[str, Any] = {"type": fmt.type}
+    if fmt.json_schema is not None:  # (its declared fields: the unknown ones kept for check_fields stay out)
+        spec = fmt.json_schema
+        out["json_schema"] = spec.model_dump(
+            by_alias=True, exclude_none=True, exclude=set(spec.model_extra or ())
+        )
+    return out
 
 
 # digits of a logit_bias key at most: any vocabulary's ids fit, and int() never meets a 4,300-digit string
