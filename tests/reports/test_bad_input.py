@@ -182,9 +182,7 @@ def test_a_tokenizer_nothing_reads_is_refused(tmp_path, model_a):
     for data, calibration in ((text, None), (npz, text), (None, text)):
         _check_tokenizer_read("demo", data, calibration)  # read: no error
     _check_tokenizer_read(None, npz, None)
-    with pytest.raises(
-        UserError, match=r"and no --data or --calib-data is given \(inputs are generated"
-    ):
+    with pytest.raises(UserError, match=r"and no --data or --calib-data is given \(inputs are generated"):
         build_report(str(model_a), targets=["ort"], tokenizer="demo", out_dir=tmp_path / "o", **FAST)
     with pytest.raises(
         UserError, match=rf"and --data '{re.escape(npz)}' is not one \(arrays or module:function\)"
