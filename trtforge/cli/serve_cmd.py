@@ -322,8 +322,52 @@ def serve_cmd(
             file=sys.stderr,
             flush=True,
         )
+    facts = llm.executor.facts
+    try:
+        _check_pool_length(max_model_len, num_blocks, facts.num_blocks, facts.block_size, facts.max_model_len)
+    except BaseException:
+        sock.close()
+        llm.close()
+        raise
     name = Path(model.rstrip("/")).name or model
     run(llm, tok, name, options, aliases=tuple(dict.fromkeys([model, model.rstrip("/") or model])), sock=sock)
+
+
+def _check_pool_length(
+    asked: int | None, num_blocks: int | None, blocks: int, block_size: int, context: int
+) -> None:
+    """UserError naming --max-model-len when the KV pool (`blocks` blocks of `block_size` tokens; given as
+    --num-blocks `num_blocks`, else sized) holds fewer tokens than the `asked` length; a warning when no
+    length was asked and it holds fewer than the `context` the model runs. The scheduler cuts every
+    sequence to what the pool holds, and the server told only its clients, as "this model's maximum
+    context length": `serve --max-model-len 2048 --num-blocks 1` served 16 tokens without a word."""
+    import warnings
+
+    from trtforge.errors import TrtforgeWarning, UserError
+
+    capacity = blocks * block_size
+    wanted = context if asked is None else asked
+    if capacity >= wanted:
+        return
+    pool = f"--num-blocks {num_blocks}" if num_blocks is not None else "sized to this machine"
+    holds = (
+        f"the KV pool ({pool}: {blocks:,} block(s) of {block_size} tokens) holds {capacity:,} tokens of a "
+        "sequence"
+    )
+    need = -(-wanted // block_size)
+    if asked is not None:
+        raise UserError(
+            f"--max-model-len {asked}: {holds}; give --num-blocks {need:,} or more, or --max-model-len "
+            f"{capacity:,} or less."
+        )
+    warnings.warn(
+        f"{holds}, fewer than the model's context of {context:,}: requests are limited to {capacity:,} "
+        "tokens (prompt + output; clients are told it is the model's maximum context length). Give "
+        f"--num-blocks {need:,} or more for the whole context, or --max-model-len {capacity:,} to make the "
+        "limit explicit.",
+        TrtforgeWarning,
+        stacklevel=2,
+    )
 
 
 def _is_template_file(value: str) -> bool:
