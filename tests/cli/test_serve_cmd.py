@@ -475,3 +475,20 @@ def test_a_pool_shorter_than_the_models_context_is_said_at_startup(monkeypatch, 
         assert "Give --num-blocks 128 or more for the whole context, or --max-model-len 48" in err
     finally:
         llm.close()
+
+
+def test_the_help_says_the_sizing_defaults_and_units(capsys):
+    """Before: --request-timeout read "Seconds per request." (no default, no word of the 504 past it),
+    --num-blocks "KV-cache blocks (default: sized)" (of how many tokens?), --gpu-memory-utilization gave no
+    range and no word of the CPU, where it does nothing."""
+    import inspect
+
+    from trtforge.llm import from_pretrained, sizing
+
+    assert main(["serve", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "waiting in the queue included; past them it gets 504" in out and "Default: no limit." in out
+    block = inspect.signature(from_pretrained).parameters["block_size"].default
+    assert f"KV-cache blocks, of {block} tokens each on the torch executor" in out
+    cpu = f"{sizing.CPU_KV_FRACTION:.0%} of the available RAM, at most {sizing.CPU_KV_CAP / 2**30:g} GiB"
+    assert "A fraction in (0, 1]: the share of the GPU memory" in out and cpu in out

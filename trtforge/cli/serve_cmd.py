@@ -93,7 +93,9 @@ def _at_most(bound: str) -> Any:
     default=0.9,
     show_default=True,
     type=float,
-    help="Share of the GPU memory left after weights and activations that the KV cache takes.",
+    help="A fraction in (0, 1]: the share of the GPU memory left after the weights, a step's activations "
+    "and the CUDA graphs that the KV pool takes (torch executor on a GPU; on the CPU the pool takes 10% of "
+    "the available RAM, at most 2 GiB).",
 )
 @click.option(
     "--max-num-seqs",
@@ -137,9 +139,21 @@ def _at_most(bound: str) -> Any:
     type=click.IntRange(0),
     help="Sequences that may wait beyond --max-num-seqs; past that requests get 429.",
 )
-@click.option("--num-blocks", default=None, type=click.IntRange(1), help="KV-cache blocks (default: sized).")
 @click.option(
-    "--request-timeout", default=None, type=click.FloatRange(0, min_open=True), help="Seconds per request."
+    "--num-blocks",
+    default=None,
+    type=click.IntRange(1),
+    help="KV-cache blocks, of 16 tokens each on the torch executor (a step graph's or engine's own size "
+    "otherwise). Default: sized to the machine (the startup line says how). The pool bounds every "
+    "sequence's length: one of fewer tokens than --max-model-len is refused, one shorter than the model's "
+    "context is warned of.",
+)
+@click.option(
+    "--request-timeout",
+    default=None,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds a request may take from its admission to its last token, waiting in the queue "
+    "included; past them it gets 504 (a stream: an error event, then [DONE]). Default: no limit.",
 )
 @click.option(
     "--max-request-bytes",
