@@ -492,3 +492,28 @@ def test_the_help_says_the_sizing_defaults_and_units(capsys):
     assert f"KV-cache blocks, of {block} tokens each on the torch executor" in out
     cpu = f"{sizing.CPU_KV_FRACTION:.0%} of the available RAM, at most {sizing.CPU_KV_CAP / 2**30:g} GiB"
     assert "A fraction in (0, 1]: the share of the GPU memory" in out and cpu in out
+
+
+def test_an_ipv6_host_in_brackets_is_listened_on(tokenizer_with_named_templates, monkeypatch, capsys):
+    """Before: `--host [::1]`, an IPv6 address as URLs write it, was "cannot listen on [::1]:0 (Name or
+    service not known ...)"; the address inside the brackets is listened on."""
+    import importlib
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    server_run = importlib.import_module("trtforge.llm.server.run")
+    bound = []
+    listen = server_run.listen
+
+    def record(host, port):
+        sock = listen(host, port)
+        bound.append(sock.getsockname()[0])
+        sock.close()
+        raise server_run.UserError("stop here")
+
+    monkeypatch.setattr(server_run, "listen", record)
+    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--port", "0"]
+    argv += ["--host", "[::1]"]
+    assert main([*argv, "--tokenizer", str(tokenizer_with_named_templates)]) == 2
+    assert bound == ["::1"] and "error: stop here" in capsys.readouterr().err

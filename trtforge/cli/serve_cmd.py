@@ -61,7 +61,12 @@ def _at_most(bound: str) -> Any:
 
 @click.command("serve", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on: 0.0.0.0 for every IPv4 interface, :: (or [::]) for every IPv6 one.",
+)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1 endpoints.")
 @click.option(
@@ -253,6 +258,8 @@ def serve_cmd(
     )
 
     check_text(model, "MODEL")
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address as a URL writes it ([::1])
+        host = host[1:-1]
     _imports()  # before the model loads: a missing extra is said at once
     sizing.check_utilization(gpu_memory_utilization)
     file = chat_template is not None and _is_template_file(chat_template)
