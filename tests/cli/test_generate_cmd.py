@@ -86,7 +86,8 @@ def test_slot_graph_is_served_greedy_and_sampled(tmp_path, capsys):
         (["--prompt-ids", "1 2", "--top-p", "0"], "--top-p must be a number in (0, 1]"),
         (["--prompt-ids", "1 2", "--max-tokens", "0"], "--max-tokens must be an integer >= 1"),
         (["--prompt-ids", "1 999"], "--prompt-ids: token id 999 is outside the model's vocabulary of 300"),
-        (["--prompt-ids", " ".join(["5"] * 80)], "maximum sequence length"),
+        # before: "request 'req-0': the prompt has 80 tokens but the maximum sequence length is 64"
+        (["--prompt-ids", " ".join(["5"] * 80)], "--prompt-ids: 80 tokens, but the model's context length"),
         (["--prompt-ids", "1 2", "--num-blocks", "0"], "--num-blocks"),
         # before: the tokenizer's special tokens alone ([CLS] [SEP]) were generated from
         (["--prompt", " ", "--tokenizer", "demo"], "--prompt ' ' is empty"),

@@ -184,6 +184,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         lambda d: ["generate", str(TRAINED), "--prompt", "x", "--max-tokens", "2", "--stop", ""],
         r"--stop '': a stop text must be non-empty",
     ),
+    # before: "request 'req-1': the prompt has 4000 tokens ...", a request id the command line never showed
+    "generate (trained) a second --prompt past the context": (
+        lambda d: ["generate", str(TRAINED), "--prompt", "x", "--prompt", "x = 1\n" * 1000],
+        r"--prompt #2: 4,000 tokens, but the model's context length is 2,048 tokens",
+    ),
     # before: "response_format: the JSON schema cannot ...", a server's field the command line never showed
     "generate (trained) --json-schema the grammar compiler refuses": (
         _file(

@@ -396,3 +396,109 @@ def test_a_slot_step_graph_is_served_within_its_own_batch(tmp_path, monkeypatch)
     ((llm, _),) = served
     assert llm.engine.config.max_num_seqs == 4
     assert main([*argv, "--max-num-seqs", "8"]) == 2 and len(served) == 1
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_a_max_model_len_past_a_given_pool_is_refused(monkeypatch, capsys):
+    """Before: `--num-blocks 1 --max-model-len 64` started a server whose sequences the scheduler cut to
+    the pool's 16 tokens, which clients alone were told of (as "this model's maximum context length")."""
+    import importlib
+
+    server_run = importlib.import_module("trtforge.llm.server.run")
+
+    def started(llm, *a, **k):
+        llm.close()  # (as run does: an engine left running would hold up the session)
+        pytest.fail("the server started")
+
+    monkeypatch.setattr(server_run, "run", started)
+    argv = ["serve", str(MODEL), "--device", "cpu", "--port", "0", "--num-blocks", "1"]
+    argv += ["--max-model-len", "64"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--max-model-len 64: the KV pool (--num-blocks 1: 1 block(s) of 16 tokens) holds 16 tokens" in err
+    assert "give --num-blocks 4 or more, or --max-model-len 16 or less" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_a_sized_pool_shorter_than_the_max_model_len_is_refused_after_the_load(monkeypatch, capsys):
+    """A pool sized to the machine (here: 30 MB of RAM available, 30 blocks of 16 tokens) that cannot
+    hold one sequence of --max-model-len is refused once its size is known; the server never starts."""
+    import importlib
+
+    server_run = importlib.import_module("trtforge.llm.server.run")
+
+    def started(llm, *a, **k):
+        llm.close()  # (as run does: an engine left running would hold up the session)
+        pytest.fail("the server started")
+
+    monkeypatch.setattr(server_run, "run", started)
+    monkeypatch.setattr(importlib.import_module("trtforge.llm.sizing"), "available_ram", lambda: 30_000_000)
+    argv = ["serve", str(MODEL), "--device", "cpu", "--max-model-len", "1024", "--port", "0"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--max-model-len 1024: the KV pool (sized to this machine: 30 block(s) of 16 tokens)" in err
+    assert "holds 480 tokens of a sequence" in err
+    assert "give --num-blocks 64 or more, or --max-model-len 480 or less" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_a_pool_shorter_than_the_models_context_is_said_at_startup(monkeypatch, capsys):
+    """Before: `--num-blocks 3` served sequences of at most 48 tokens of the model's 2,048 without a word
+    on the server's side; it starts, and says so, naming the flags that change it."""
+    import importlib
+
+    server_run = importlib.import_module("trtforge.llm.server.run")
+    served = []
+    monkeypatch.setattr(server_run, "run", lambda llm, *a, **k: served.append(llm))
+    assert main(["serve", str(MODEL), "--device", "cpu", "--num-blocks", "3", "--port", "0"]) in (0, None)
+    err = capsys.readouterr().err
+    (llm,) = served
+    try:
+        assert llm.engine.max_model_len == 48
+        assert "warning: the KV pool (--num-blocks 3: 3 block(s) of 16 tokens) holds 48 tokens" in err, err
+        assert "fewer than the model's context of 2,048" in err
+        assert "Give --num-blocks 128 or more for the whole context, or --max-model-len 48" in err
+    finally:
+        llm.close()
+
+
+def test_the_help_says_the_sizing_defaults_and_units(capsys):
+    """Before: --request-timeout read "Seconds per request." (no default, no word of the 504 past it),
+    --num-blocks "KV-cache blocks (default: sized)" (of how many tokens?), --gpu-memory-utilization gave no
+    range and no word of the CPU, where it does nothing."""
+    import inspect
+
+    from trtforge.llm import from_pretrained, sizing
+
+    assert main(["serve", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "waiting in the queue included; past them it gets 504" in out and "Default: no limit." in out
+    block = inspect.signature(from_pretrained).parameters["block_size"].default
+    assert f"KV-cache blocks, of {block} tokens each on the torch executor" in out
+    cpu = f"{sizing.CPU_KV_FRACTION:.0%} of the available RAM, at most {sizing.CPU_KV_CAP / 2**30:g} GiB"
+    assert "A fraction in (0, 1]: the share of the GPU memory" in out and cpu in out
+
+
+def test_an_ipv6_host_in_brackets_is_listened_on(tokenizer_with_named_templates, monkeypatch, capsys):
+    """Before: `--host [::1]`, an IPv6 address as URLs write it, was "cannot listen on [::1]:0 (Name or
+    service not known ...)"; the address inside the brackets is listened on."""
+    import importlib
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    server_run = importlib.import_module("trtforge.llm.server.run")
+    bound = []
+    listen = server_run.listen
+
+    def record(host, port):
+        sock = listen(host, port)
+        bound.append(sock.getsockname()[0])
+        sock.close()
+        raise server_run.UserError("stop here")
+
+    monkeypatch.setattr(server_run, "listen", record)
+    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--port", "0"]
+    argv += ["--host", "[::1]"]
+    assert main([*argv, "--tokenizer", str(tokenizer_with_named_templates)]) == 2
+    assert bound == ["::1"] and "error: stop here" in capsys.readouterr().err

@@ -225,6 +225,7 @@ def generate_cmd(
         _check_bias_vocabulary(logit_bias, llm.executor.facts.vocab_size)
         if num_blocks is not None:
             _check_pool_holds(llm.executor.facts, num_blocks, max(len(r) for r in rows))
+        _check_lengths(rows, len(prompt_ids), llm.engine.max_model_len)
         handles = _submit(llm.engine, tok, rows, params, json_schema)
         for number, h in enumerate(handles, 1):
             printer, used = _Printer(tok, stops), None
@@ -402,6 +403,25 @@ def _check_pool_holds(facts: Any, num_blocks: int, longest: int) -> None:
             f"{capacity} tokens of a sequence, and a prompt has {longest} (plus at least one new token); "
             f"give --num-blocks {need} or more, or leave it out."
         )
+
+
+def _check_lengths(rows: list[list[int]], given_ids: int, max_model_len: int) -> None:
+    """UserError naming --prompt-ids (the first `given_ids` rows) or --prompt for a prompt that leaves no
+    room for a new token in `max_model_len` (the engine's message named an internal request id, 'req-0')."""
+    from trtforge.errors import UserError
+
+    for i, row in enumerate(rows):
+        if len(row) >= max_model_len:
+            flag, number, given = (
+                ("--prompt-ids", i, given_ids)
+                if i < given_ids
+                else ("--prompt", i - given_ids, len(rows) - given_ids)
+            )
+            which = flag if given == 1 else f"{flag} #{number + 1}"
+            raise UserError(
+                f"{which}: {len(row):,} tokens, but the model's context length is {max_model_len:,} tokens, "
+                "the prompt and at least one new token; give a shorter prompt."
+            )
 
 
 def _note_context_cut(number: int, completion: Any, max_tokens: int, max_model_len: int, facts: Any) -> None:

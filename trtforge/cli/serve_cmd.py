@@ -62,7 +62,12 @@ def _at_most(bound: str) -> Any:
 
 @click.command("serve", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on: 0.0.0.0 for every IPv4 interface, :: (or [::]) for every IPv6 one.",
+)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1 endpoints.")
 @click.option(
@@ -94,7 +99,9 @@ def _at_most(bound: str) -> Any:
     default=0.9,
     show_default=True,
     type=float,
-    help="Share of the GPU memory left after weights and activations that the KV cache takes, in (0, 1].",
+    help="A fraction in (0, 1]: the share of the GPU memory left after the weights, a step's activations "
+    "and the CUDA graphs that the KV pool takes (torch executor on a GPU; on the CPU the pool takes 10% of "
+    "the available RAM, at most 2 GiB).",
 )
 @click.option(
     "--max-num-seqs",
@@ -139,9 +146,21 @@ def _at_most(bound: str) -> Any:
     type=click.IntRange(0),
     help="Sequences that may wait beyond --max-num-seqs; past that requests get 429.",
 )
-@click.option("--num-blocks", default=None, type=click.IntRange(1), help="KV-cache blocks (default: sized).")
 @click.option(
-    "--request-timeout", default=None, type=click.FloatRange(0, min_open=True), help="Seconds per request."
+    "--num-blocks",
+    default=None,
+    type=click.IntRange(1),
+    help="KV-cache blocks, of 16 tokens each on the torch executor (a step graph's or engine's own size "
+    "otherwise). Default: sized to the machine (the startup line says how). The pool bounds every "
+    "sequence's length: one of fewer tokens than --max-model-len is refused, one shorter than the model's "
+    "context is warned of.",
+)
+@click.option(
+    "--request-timeout",
+    default=None,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds a request may take from its admission to its last token, waiting in the queue "
+    "included; past them it gets 504 (a stream: an error event, then [DONE]). Default: no limit.",
 )
 @click.option(
     "--max-request-bytes",
@@ -241,6 +260,8 @@ def serve_cmd(
     )
 
     check_text(model, "MODEL")
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address as a URL writes it ([::1])
+        host = host[1:-1]
     _imports()  # before the model loads: a missing extra is said at once
     sizing.check_utilization(gpu_memory_utilization)
     file = chat_template is not None and _is_template_file(chat_template)
@@ -320,8 +341,52 @@ def serve_cmd(
             file=sys.stderr,
             flush=True,
         )
+    facts = llm.executor.facts
+    try:
+        _check_pool_length(max_model_len, num_blocks, facts.num_blocks, facts.block_size, facts.max_model_len)
+    except BaseException:
+        sock.close()
+        llm.close()
+        raise
     name = Path(model.rstrip("/")).name or model
     run(llm, tok, name, options, aliases=tuple(dict.fromkeys([model, model.rstrip("/") or model])), sock=sock)
+
+
+def _check_pool_length(
+    asked: int | None, num_blocks: int | None, blocks: int, block_size: int, context: int
+) -> None:
+    """UserError naming --max-model-len when the KV pool (`blocks` blocks of `block_size` tokens; given as
+    --num-blocks `num_blocks`, else sized) holds fewer tokens than the `asked` length; a warning when no
+    length was asked and it holds fewer than the `context` the model runs. The scheduler cuts every
+    sequence to what the pool holds, and the server told only its clients, as "this model's maximum
+    context length": `serve --max-model-len 2048 --num-blocks 1` served 16 tokens without a word."""
+    import warnings
+
+    from trtforge.errors import TrtforgeWarning, UserError
+
+    capacity = blocks * block_size
+    wanted = context if asked is None else asked
+    if capacity >= wanted:
+        return
+    pool = f"--num-blocks {num_blocks}" if num_blocks is not None else "sized to this machine"
+    holds = (
+        f"the KV pool ({pool}: {blocks:,} block(s) of {block_size} tokens) holds {capacity:,} tokens of a "
+        "sequence"
+    )
+    need = -(-wanted // block_size)
+    if asked is not None:
+        raise UserError(
+            f"--max-model-len {asked}: {holds}; give --num-blocks {need:,} or more, or --max-model-len "
+            f"{capacity:,} or less."
+        )
+    warnings.warn(
+        f"{holds}, fewer than the model's context of {context:,}: requests are limited to {capacity:,} "
+        "tokens (prompt + output; clients are told it is the model's maximum context length). Give "
+        f"--num-blocks {need:,} or more for the whole context, or --max-model-len {capacity:,} to make the "
+        "limit explicit.",
+        TrtforgeWarning,
+        stacklevel=2,
+    )
 
 
 def _is_template_file(value: str) -> bool:

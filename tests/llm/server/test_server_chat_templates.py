@@ -49,7 +49,9 @@ def _prompt_tokens(tok_dir: Path, template: str) -> int:
 
 def _serve(tmp: Path, templates: dict[str, str], *args: str) -> tuple[Server, Path]:
     tok = named_tokenizer(tmp / "tok", templates)
-    argv = ["--tokenizer", str(tok), "--num-blocks", "64", "--max-num-seqs", "2", *args]
+    # (a pool of 64 blocks holds 1,024 tokens: the length named, or the server warns of its cut context)
+    argv = ["--tokenizer", str(tok), "--num-blocks", "64", "--max-model-len", "1024", "--max-num-seqs", "2"]
+    argv += args
     return Server(str(MODEL), argv, tmp / "server.log"), tok
 
 
