@@ -22,6 +22,8 @@ from trtforge._fileio import (
     atomic_outputs,
     atomic_write_bytes,
     atomic_write_text,
+    directory_lock,
+    recover_staged_directory,
     sha256_bytes,
     staged_directory,
 )
@@ -161,7 +163,9 @@ def test_a_reader_still_refuses_an_engine_that_does_not_match_its_manifest(tmp_p
 
 def test_two_writers_of_one_staged_directory_take_turns(tmp_path) -> None:
     """Two `report -o rep` at once: the second one's recovery removed the first one's half-written
-    directory (the staged names are fixed), whose swap then failed (FileNotFoundError)."""
+    directory (the staged names were fixed), whose swap then failed (FileNotFoundError). Each writes its
+    own directory now and they swap one after the other: the last to finish (A, released after B) wins,
+    whole, and nothing is left beside it."""
     rep = tmp_path / "rep"
     pause = _Pause()
 
@@ -177,9 +181,31 @@ def test_two_writers_of_one_staged_directory_take_turns(tmp_path) -> None:
     _race(pause, write("A"), write("B"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
     assert [(p.name, p.read_text()) for p in sorted(rep.iterdir())] == [
-        ("report.json", "B"),
-        ("report.md", "B"),
+        ("report.json", "A"),
+        ("report.md", "A"),
     ]
+
+
+def test_a_staged_write_does_not_lock_its_directory_while_it_writes(tmp_path) -> None:
+    """Before: staged_directory held its parent's lock for the whole write (a report: minutes), so an
+    `inspect` or `rt.load` of an engine beside the report, or a compile publishing there, waited for the
+    report to finish. The parent is locked only for the recovery and the swap now."""
+    took = threading.Event()
+
+    def reader() -> None:
+        with directory_lock([tmp_path], shared=True):
+            took.set()
+
+    with staged_directory(tmp_path / "rep") as d:
+        (d / "report.json").write_text("{}")
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        assert took.wait(20), "a reader of the directory waited for the staged write"
+        t.join(20)
+        recover_staged_directory(tmp_path / "rep")  # another writer's recovery leaves ours be
+        assert (d / "report.json").read_text() == "{}"
+    assert (tmp_path / "rep" / "report.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
 
 
 def _external_model(directory: Path, scale: float, *, bias_first: bool) -> tuple[bytes, bytes, list]:

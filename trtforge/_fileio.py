@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import math
 import os
@@ -435,18 +436,41 @@ def _remove(path: Path) -> None:
 def recover_staged_directory(path: str | os.PathLike[str]) -> None:
     """Repair what a run killed (SIGKILL) inside :func:`staged_directory` left beside `path`: its old
     directory is put back when `path` is missing (the kill came between the two renames), else removed;
-    a half-written new directory is removed. Call it before looking at `path` (whether it exists)."""
+    a half-written new directory is removed unless a live writer still holds it. Call it before looking
+    at `path` (whether it exists)."""
     path = Path(path)
-    new, old = temp_name(path, "new"), temp_name(path, "old")
+    old = temp_name(path, "old")
     parent = path.parent if str(path.parent) else Path(".")
-    with directory_lock([parent]), signals_deferred():  # (a live writer's staged directory is not ours)
+    with directory_lock([parent]), signals_deferred():  # (no swap of another writer's is half done)
         if os.path.lexists(old):
             if not os.path.lexists(path):
                 os.rename(old, path)
             else:
                 _remove(old)
-        if new.is_dir():
-            shutil.rmtree(new)
+        stem = temp_name(path, "new").name
+        for leftover in parent.glob(glob.escape(stem) + "*"):
+            if leftover.is_dir() and not leftover.is_symlink() and not _held_by_a_writer(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _held_by_a_writer(directory: Path) -> bool:
+    """Whether a live :func:`staged_directory` holds `directory` (its flock; a killed writer's is gone)."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    fd = _open_directory(directory)
+    if fd is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # (a filesystem without flock: nothing is held there)
+        return False
+    finally:
+        os.close(fd)  # (releases what it took)
+    return False
 
 
 @contextlib.contextmanager
@@ -459,30 +483,33 @@ def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     new ones, never a mix, and nothing of the old survives the new; what a SIGKILL leaves beside `path`
     the next call (or :func:`recover_staged_directory`) repairs. Write into the new directory with
     :func:`write_synced` or plain file writes (not atomic_open, whose renames an enclosing
-    :func:`atomic_outputs` block would defer past the swap). Writers of one `path` take turns (the
-    parent's :func:`directory_lock`): the staged names are fixed, so a second writer's recovery removed
-    the first one's half-written directory, and two swaps interleaved."""
+    :func:`atomic_outputs` block would defer past the swap).
+
+    Two writers of one `path` at once each write a directory of their own, which each holds by an flock
+    while it writes (another's recovery leaves it alone), and swap one after the other under the parent's
+    :func:`directory_lock`: the last to finish wins, whole. The parent is locked only for the recovery and
+    the swap, never while the block writes, so readers and writers of other files there (an engine beside
+    a report being written) do not wait for it."""
     p = Path(path)
-    new, old = temp_name(p, "new"), temp_name(p, "old")
-    with directory_lock([p.parent if str(p.parent) else Path(".")]):
-        yield from _staged_directory(p, new, old)
-
-
-def _staged_directory(p: Path, new: Path, old: Path) -> Iterator[Path]:
-    made = False
+    parent = p.parent if str(p.parent) else Path(".")
+    new = temp_name(p, f"new.{os.getpid()}.{threading.get_ident()}")
+    made, held = False, None
     try:
-        recover_staged_directory(p)
-        with signals_deferred():  # (made and marked with interrupts held, so the cleanup below sees it)
-            try:
-                os.mkdir(new)
-            except OSError as e:  # a place no directory can be made in (/proc, /sys: ENOENT), whatever errno
-                raise os_error(e, p, f"create a directory in '{show_path(p.parent)}' for") from e
-            made = True
+        with directory_lock([parent]):
+            recover_staged_directory(p)
+            with signals_deferred():  # (made and marked with interrupts held, so the cleanup below sees it)
+                try:
+                    os.mkdir(new)
+                except OSError as e:  # a place no directory can be made in (/proc, /sys: ENOENT)
+                    raise os_error(e, p, f"create a directory in '{show_path(p.parent)}' for") from e
+                made = True
+            held = _hold(new)
         if p.is_dir():
             os.chmod(new, stat.S_IMODE(p.stat().st_mode))
         yield new
         fsync_dir(new)
-        with signals_deferred():
+        with directory_lock([parent]), signals_deferred():
+            old = temp_name(p, "old")
             had_old = os.path.lexists(p)
             if had_old:
                 os.rename(p, old)
@@ -495,13 +522,30 @@ def _staged_directory(p: Path, new: Path, old: Path) -> Iterator[Path]:
             made = False
             if had_old:  # (a SIGKILL during it leaves the rest to the next call's recovery)
                 _remove(old)
-        fsync_dir(p.parent if str(p.parent) else Path("."))
+        fsync_dir(parent)
     except BaseException as e:
         if made:
             shutil.rmtree(new, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in USER_ERRNOS:
             raise os_error(e, p) from e
         raise
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _hold(directory: Path) -> int | None:
+    """An flock on `directory` (a descriptor to close when done) that tells :func:`recover_staged_directory`
+    a live writer is using it; None where flock is missing."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = _open_directory(directory)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
 
 
 def write_synced(path: Path, data: bytes) -> None:
