@@ -60,6 +60,23 @@ def test_numpy_in_numpy_out_through_pinned_staging():
     assert s.memory_stats()["pinned_bytes"] == 3 * 64 * 4
 
 
+def test_memory_stats_while_another_lane_thread_adds_a_pinned_buffer():
+    """Before: memory_stats() summed a lane's pinned buffers over the live dict, so a submit staging its
+    first NumPy input on another thread meanwhile failed it with "dictionary changed size during
+    iteration". Here reading a buffer's size adds one, as that thread would between two reads."""
+    _, s = _session(1)
+    s.run({"x": np.zeros((3, 64), np.float32)})
+    lane = s._lanes[0]
+
+    class Growing(torch.Tensor):
+        def numel(self) -> int:
+            lane.pinned[f"other{len(lane.pinned)}"] = torch.zeros(1, dtype=torch.uint8)
+            return super().numel()
+
+    lane.pinned["x"] = lane.pinned["x"].as_subclass(Growing)
+    assert s.memory_stats()["pinned_bytes"] == 3 * 64 * 4
+
+
 def test_non_contiguous_input_is_made_contiguous_and_counted():
     _, s = _session(1)
     x = torch.randn(64, 5).t()

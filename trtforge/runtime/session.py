@@ -241,7 +241,8 @@ class Session:
         return self._out_cache[key][0]
 
     def memory_stats(self) -> dict[str, Any]:
-        """Arena sizes and growth per lane, pinned staging, graphs, output and allocator traffic."""
+        """Arena sizes and growth per lane, pinned staging, graphs, output and allocator traffic (read from
+        copies of what submits on other threads may add to meanwhile)."""
         lanes = []
         for lane in self._lanes:
             st = lane.arena.stats
@@ -254,7 +255,7 @@ class Session:
                     "arena_last_request": st.last_request,
                     "arena_grow_count": st.grow_count,
                     "arena_trim_count": st.trim_count,
-                    "pinned_bytes": sum(t.numel() for t in lane.pinned.values()),
+                    "pinned_bytes": sum(t.numel() for t in list(lane.pinned.values())),
                     "graph_captured": lane.graph is not None,
                     "dds_reallocations": lane.collector.reallocations if lane.collector else 0,
                     "torch_allocator_live_bytes": lane.allocator.live_bytes if lane.allocator else 0,
