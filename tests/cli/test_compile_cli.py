@@ -57,6 +57,19 @@ def test_inspect_onnx(tmp_path, capsys) -> None:
     assert rc == 0 and "[batch, 4]" in out  # the table still names the axis
 
 
+def test_inspect_of_an_onnx_model_named_otherwise(tmp_path, capsys) -> None:
+    """Before: `inspect model.onnx.bak` (or model.pb) read the file as an engine and said it "has no
+    manifest"; with no manifest beside it, a file that parses as an ONNX model is summarized as one, and
+    anything else is still refused as an engine without its manifest."""
+    onnx_bytes = tiny_onnx(tmp_path / "m.onnx").read_bytes()
+    (tmp_path / "m.onnx.bak").write_bytes(onnx_bytes)
+    rc, out = _run(["inspect", str(tmp_path / "m.onnx.bak"), "--json"], capsys)
+    assert rc == 0 and json.loads(out)["ops"] == {"MatMul": 1, "Add": 1, "Relu": 1}, out
+    (tmp_path / "x.engine").write_bytes(bytes(range(256)) * 8)
+    rc, out = _run(["inspect", str(tmp_path / "x.engine")], capsys)
+    assert rc == 2 and "has no manifest" in out, out
+
+
 @pytest.mark.trt_build
 def test_inspect_json_of_an_onnx_model_and_of_its_engine_share_their_keys(tmp_path, capsys) -> None:
     """Before: `inspect --json` printed an engine's manifest as it is and an ONNX model's own summary, with

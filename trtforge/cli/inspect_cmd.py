@@ -26,6 +26,21 @@ def io_entry(name: str, dtype: str, shape: Any, symbols: Any = ()) -> dict[str, 
     }
 
 
+def _parses_as_onnx(path: Path) -> bool:
+    """Whether `path`, named otherwise than .onnx and with no engine manifest beside it (model.onnx.bak,
+    model.pb), holds an ONNX model: it was read as an engine and refused for its missing manifest."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if not path.is_file():
+        return False
+    try:
+        m = onnx.load(str(path), format="protobuf", load_external_data=False)  # (not by the suffix: .json)
+    except (DecodeError, ValueError, OSError):  # (not a ModelProto: what is refused as an engine below)
+        return False
+    return m.ir_version > 0 and len(m.graph.node) > 0 and len(m.opset_import) > 0
+
+
 def summarize_onnx(path: Path) -> dict[str, Any]:
     """I/O, opsets, op histogram and weight size of an ONNX file (external data not loaded), in the
     shape `inspect --json` shares with an engine (see INSPECT_JSON)."""
@@ -172,14 +187,14 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     if not path.exists() and (path.suffix.lower() == ".onnx" or not manifest_path_for(path).is_file()):
         raise UserError(f"'{path}' does not exist.")
     console = Console()
-    if path.suffix.lower() == ".onnx":
+    engine = path.with_suffix("") if path.name.endswith(".engine.json") else path
+    if path.suffix.lower() == ".onnx" or (not manifest_path_for(engine).exists() and _parses_as_onnx(path)):
         summary = summarize_onnx(path)
         if as_json:
             click.echo(json.dumps(json_finite(summary), indent=2, allow_nan=False))
         else:
             print_all(console, onnx_tables(summary))
         return
-    engine = path.with_suffix("") if path.name.endswith(".engine.json") else path
     manifest, _ = read_engine(engine)
     if as_json:
         click.echo(json.dumps(json_finite(summarize_engine(engine, manifest)), indent=2, allow_nan=False))
