@@ -41,11 +41,19 @@ class TestProfileLayout:
         with pytest.raises(UserError, match="at least 1"):
             layout.check_lanes(0)
 
-    def test_static_engine_allows_any_number_of_lanes_on_profile_0(self):
+    def test_static_engine_allows_lanes_up_to_the_stream_limit_on_profile_0(self):
+        """A static engine needs no profile copy a lane; up to MAX_STREAMS lanes (compile's --streams
+        bound too). Before: session(streams=10**6) went on to make a million execution contexts."""
+        from trtforge.core.policy import MAX_STREAMS
+
         layout = ProfileLayout.from_manifest(standin_manifest(static_batch=4))
         assert not layout.dynamic
         layout.check_lanes(16)
+        assert layout.check_lanes(MAX_STREAMS) == MAX_STREAMS
         assert layout.profile_index(7, 0) == 0
+        refused = rf"streams=1,000,000\) on m\.engine: at most {MAX_STREAMS} streams"
+        with pytest.raises(UserError, match=refused):
+            layout.check_lanes(10**6, engine="m.engine")
 
     def test_copies_must_be_identical(self):
         m = standin_manifest(streams=2)

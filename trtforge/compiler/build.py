@@ -29,7 +29,7 @@ from trtforge.compiler.network import (
 )
 from trtforge.core.backend import Backend, get_backend
 from trtforge.core.manifest import ShapeRange, TensorSpec
-from trtforge.core.policy import cli
+from trtforge.core.policy import MAX_STREAMS, cli
 from trtforge.core.shapes import (
     ShapeLimits,
     limits_to_dict,
@@ -39,9 +39,6 @@ from trtforge.core.shapes import (
 from trtforge.core.tensor_spec import graph_inputs
 from trtforge.errors import BuildError, UserError
 
-# More profile copies than a GPU has hardware work queues (32) cannot run concurrently, and each copy
-# adds build time and engine size (10000 copies were still building after 60 s).
-MAX_STREAMS = 32
 # What TensorRT's builder says when an IAttention has no fused kernel and is not marked decomposable.
 _ATTENTION_NO_KERNEL = "Attention operation was not supported by a dedicated kernel"
 

@@ -26,6 +26,10 @@ GENERATE_ONLY_PRECISIONS = ("fp8", "int4")
 ATTENTION = ("native", "plugin", "paged", "none")
 CALIB_METHODS = ("max", "percentile", "entropy", "mse")
 EXPORTERS = ("auto", "dynamo", "legacy")
+# The most concurrent lanes (compile --streams, session(streams=)): more than a GPU's hardware work queues
+# (32) cannot run concurrently, and each profile copy adds build time and engine size (10000 copies were
+# still building after 60 s); a session of a static engine made a context a lane, however many.
+MAX_STREAMS = 32
 
 
 def cli(*flags: str, help: str, **click: Any) -> dict[str, Any]:  # noqa: A002 - click's own word

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from trtforge.core.manifest import Manifest, ShapeRange, TensorSpec
+from trtforge.core.policy import MAX_STREAMS
 from trtforge.core.tensor_spec import shape_mismatch
 from trtforge.errors import UserError, shown
 from trtforge.runtime._dtypes import dtype_name, numpy_dtype, torch_dtype
@@ -113,6 +114,12 @@ class ProfileLayout:
         n = int(n)
         if n < 1:
             raise UserError(f"session(streams={n}): the number of streams must be at least 1.")
+        if n > MAX_STREAMS:
+            raise UserError(
+                f"session(streams={n:,}) on {engine}: at most {MAX_STREAMS} streams run concurrently (a "
+                "GPU's hardware work queues); each lane is an execution context with its own memory. Use "
+                f"streams<={MAX_STREAMS}."
+            )
         if self.dynamic and n > self.copies:
             raise UserError(
                 f"session(streams={n}) on {engine}: the engine has dynamic input shapes and holds "
