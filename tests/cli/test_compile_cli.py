@@ -45,6 +45,19 @@ def test_compile_onnx_then_inspect(tmp_path, capsys) -> None:
     assert rc == 0
 
 
+@pytest.mark.parametrize("name", ["out.onnx", "out.ONNX", "out.json"])
+def test_an_engine_named_as_an_onnx_model_or_a_manifest_is_refused(tmp_path, capsys, name) -> None:
+    """Before: `compile m.onnx -o out.onnx` wrote an engine named as an ONNX model, which inspect and
+    report then read as one (a protobuf error about an engine). Refused before any work, nothing written."""
+    model = tiny_onnx(tmp_path / "m.onnx")
+    rc, out = _run(["compile", str(model), "-o", str(tmp_path / name)], capsys)
+    assert rc == 2 and f"output engine '{tmp_path / name}' is named as" in out and "--save-onnx" in out, out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    (tmp_path / name).write_text("kept")  # an existing file, with --force: refused after the input checks
+    rc, out = _run(["compile", str(model), "-o", str(tmp_path / name), "--force"], capsys)
+    assert rc == 2 and "is named as" in out and (tmp_path / name).read_text() == "kept", out
+
+
 def test_inspect_onnx(tmp_path, capsys) -> None:
     rc, out = _run(["inspect", str(tiny_onnx(tmp_path / "m.onnx")), "--json"], capsys)
     summary = json.loads(out)

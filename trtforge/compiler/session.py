@@ -97,6 +97,8 @@ class CompileSession:
         if build:
             resolve_pending(output)  # a compile killed while publishing here: settle it before deciding
             self.out = check_output_path(output, force=force, what="output engine")  # type: ignore[arg-type]
+            if not self.out.exists():  # (an existing file may be an input: that refusal says more)
+                self._check_engine_name()
             check_output_path(manifest_path_for(self.out), force=force, what="output manifest")
         if save_onnx is not None:
             check_output_path(save_onnx, force=force, what="--save-onnx file")
@@ -119,6 +121,19 @@ class CompileSession:
     ) -> None:
         """UserError when an output (or a `rewritten` cache) is one of the files the compile reads."""
         refuse_overwriting_inputs(self.outputs | dict(rewritten or {}), dict(inputs))
+        self._check_engine_name()
+
+    def _check_engine_name(self) -> None:
+        """UserError for an output engine named as an ONNX model or a manifest, which inspect, report and
+        optimize would then read as one (a protobuf error about an engine)."""
+        out = self.out
+        if out is not None and out.suffix.lower() in (".onnx", ".json"):
+            kind = "an ONNX model" if out.suffix.lower() == ".onnx" else "a manifest"
+            raise UserError(
+                f"output engine '{out}' is named as {kind} ({out.suffix}), which inspect, report "
+                "and optimize would read it as; name the engine .engine (or .plan), and pass --save-onnx "
+                "FILE.onnx (save_onnx=) to keep the graph too."
+            )
 
     @property
     def workdir(self) -> Path:
