@@ -23,6 +23,11 @@ from typing import IO, Any
 
 from trtforge.errors import UserError
 
+try:
+    import fcntl
+except ImportError:  # (not POSIX: nothing is locked)
+    fcntl = None  # type: ignore[assignment]
+
 # OSError numbers that describe the user's filesystem, not a trtforge bug (exit code 2).
 USER_ERRNOS = frozenset(
     getattr(errno, n)
@@ -311,9 +316,7 @@ def directory_lock(directories: Iterable[str | os.PathLike[str]], *, shared: boo
     held = _LOCKED.dirs if _LOCKED.dirs is not None else set()
     _LOCKED.dirs = held
     fds: dict[tuple[int, int], int] = {}
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         yield
         return
     try:
@@ -449,28 +452,33 @@ def recover_staged_directory(path: str | os.PathLike[str]) -> None:
                 _remove(old)
         stem = temp_name(path, "new").name
         for leftover in parent.glob(glob.escape(stem) + "*"):
-            if leftover.is_dir() and not leftover.is_symlink() and not _held_by_a_writer(leftover):
+            if not leftover.is_dir() or leftover.is_symlink():
+                continue
+            fd = try_lock(leftover)
+            if fd is not None:  # (a killed writer's: its lock went with it)
+                if fd >= 0:
+                    os.close(fd)
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _held_by_a_writer(directory: Path) -> bool:
-    """Whether a live :func:`staged_directory` holds `directory` (its flock; a killed writer's is gone)."""
+def try_lock(path: Path) -> int | None:
+    """A descriptor of `path` (a file or a directory) holding a non-blocking exclusive flock, for as long
+    as it stays open; None when a live process (or another descriptor) holds the lock; -1 when `path` is
+    gone. Where flock is missing, the descriptor holds nothing. Staged outputs are held so while being
+    written: a recovery that cannot take the lock leaves them to their live writer."""
     try:
-        import fcntl
-    except ImportError:
-        return False
-    fd = _open_directory(directory)
-    if fd is None:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:  # (a filesystem without flock: nothing is held there)
-        return False
-    finally:
-        os.close(fd)  # (releases what it took)
-    return False
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return -1
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except OSError:  # (a filesystem without flock: nothing is held there)
+            pass
+    return fd
 
 
 @contextlib.contextmanager
@@ -503,7 +511,7 @@ def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
                 except OSError as e:  # a place no directory can be made in (/proc, /sys: ENOENT)
                     raise os_error(e, p, f"create a directory in '{show_path(p.parent)}' for") from e
                 made = True
-            held = _hold(new)
+            held = try_lock(new)  # (recovery leaves a held one to its live writer)
         if p.is_dir():
             os.chmod(new, stat.S_IMODE(p.stat().st_mode))
         yield new
@@ -530,22 +538,8 @@ def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
             raise os_error(e, p) from e
         raise
     finally:
-        if held is not None:
+        if held is not None and held >= 0:
             os.close(held)
-
-
-def _hold(directory: Path) -> int | None:
-    """An flock on `directory` (a descriptor to close when done) that tells :func:`recover_staged_directory`
-    a live writer is using it; None where flock is missing."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    fd = _open_directory(directory)
-    if fd is not None:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return fd
 
 
 def write_synced(path: Path, data: bytes) -> None:

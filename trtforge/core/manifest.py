@@ -43,6 +43,7 @@ from trtforge._fileio import (
     signals_deferred,
     staged_directories,
     temp_name,
+    try_lock,
 )
 from trtforge.core.tensor_spec import TensorSpec
 from trtforge.errors import UserError
@@ -384,24 +385,6 @@ def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: P
         raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
 
 
-def _try_lock(path: Path) -> int | None:
-    """An fd holding a non-blocking flock on `path`, or None when another process holds it (alive)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return -1
-    try:
-        import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except (ImportError, OSError):
-        pass
-    return fd
-
-
 def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
     """Settle the staged files of dead publishers of `engine_path`: finish a committed publish whose
     engine matches its record, delete everything else (see the module doc). Live publishers are left be."""
@@ -417,7 +400,7 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
     tokens = {n[len(prefix) :].split(".", 1)[0] for n in names}
     for token in sorted(tokens):
         files = {kind: temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART)}
-        fds = [_try_lock(p) for p in files.values()]
+        fds = [try_lock(p) for p in files.values()]
         try:
             if None in fds:
                 continue  # a live compile is publishing
