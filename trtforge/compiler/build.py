@@ -37,7 +37,7 @@ from trtforge.core.shapes import (
     resolve_profile,
 )
 from trtforge.core.tensor_spec import graph_inputs
-from trtforge.errors import BuildError, UserError
+from trtforge.errors import BuildError, UserError, is_int
 
 # What TensorRT's builder says when an IAttention has no fused kernel and is not marked decomposable.
 _ATTENTION_NO_KERNEL = "Attention operation was not supported by a dedicated kernel"
@@ -153,9 +153,8 @@ class BuildOptions:
 
 
 def _integer(value: Any, flag: str) -> int:
-    import numbers
 
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise UserError(f"{flag} must be an integer, got {value!r} ({type(value).__name__}).")
     return int(value)
 

@@ -12,7 +12,6 @@ import functools
 import inspect
 import io
 import logging
-import numbers
 import os
 import re
 import time
@@ -24,7 +23,7 @@ from typing import Any, NoReturn
 
 from trtforge._usercode import eval_mode, raised_by_trtforge, user_code
 from trtforge.core import onnx_io
-from trtforge.errors import ExportError, ModelNotExportable, UserError, shown
+from trtforge.errors import ExportError, ModelNotExportable, UserError, is_int, shown
 
 # A dynamic-axes spec: None (static), "batch", "batch,seq" (dim 0 / dims 0,1 of every input; an empty
 # entry keeps its axis static: "batch,,height,width"), or
@@ -543,7 +542,7 @@ def check_opset(opset: Any) -> int | None:
     an int (a NumPy integer too)."""
     if opset is None:
         return None
-    if isinstance(opset, bool) or not isinstance(opset, numbers.Integral):  # ('17': a comparison's TypeError)
+    if not is_int(opset):  # ('17': a comparison's TypeError)
         raise UserError(
             f"--opset (opset) must be an integer or None, got {type(opset).__name__} {shown(opset)}."
         )

@@ -12,7 +12,6 @@ allowed range; results are cached per shape signature so the hot path is a few d
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 from trtforge.core.manifest import Manifest, ShapeRange, TensorSpec
 from trtforge.core.policy import MAX_STREAMS
 from trtforge.core.tensor_spec import shape_mismatch
-from trtforge.errors import UserError, shown
+from trtforge.errors import UserError, is_int, shown
 from trtforge.runtime._dtypes import dtype_name, numpy_dtype, torch_dtype
 
 _CACHE_LIMIT = 4096
@@ -107,7 +106,7 @@ class ProfileLayout:
         """`n` as an int; UserError unless `n` lanes can run concurrently (one profile copy per lane when
         dynamic). A NumPy integer is an integer (it was refused as "session(streams=2): streams must be an
         integer")."""
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        if not is_int(n):
             raise UserError(
                 f"session(streams={shown(n)}): streams must be an integer >= 1, got {type(n).__name__}."
             )
