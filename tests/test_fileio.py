@@ -260,3 +260,90 @@ def test_a_signal_during_the_staged_swap_waits_for_the_old_ones_removal(
     kept = ["elsewhere"] if old_kind == "link" else []
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["rep", *kept])
     assert not path.is_symlink() and [p.name for p in path.iterdir()] == ["b"]
+
+
+class _Killed(BaseException):
+    """Stands for a SIGKILL: nothing of the process's own cleanup runs after it but `finally` blocks, which
+    delete no file once a group commit has passed its commit point."""
+
+
+def test_a_commit_stopped_after_its_commit_point_is_finished_by_the_next_reader(tmp_path, monkeypatch):
+    """calibrate's model and its cache (here in two directories) committed as one group, stopped right
+    after the model's rename: before, the new model stood beside the old cache, and the cache reader read
+    the old scales. Now the cache reader finds the commit record and finishes the renames."""
+    from trtforge import _fileio
+    from trtforge._fileio import atomic_outputs, atomic_write_text
+    from trtforge.calibration.cache import read_calibration_cache, write_calibration_cache
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "c").mkdir()
+    model, cache = tmp_path / "m" / "q.onnx", tmp_path / "c" / "q.calib.cache"
+    model.write_text("old model")
+    cache.write_text("TRT-0-MinMaxCalibration\nx: 3f800000\n")
+    real = os.replace
+
+    def replace(src, dst):
+        real(src, dst)
+        if Path(dst) == model:
+            raise _Killed
+
+    def calibrate_committing() -> None:
+        with atomic_outputs():
+            atomic_write_text(model, "new model")
+            write_calibration_cache(cache, {"x": 0.5}, "max")
+
+    monkeypatch.setattr(_fileio.os, "replace", replace)
+    with pytest.raises(_Killed):
+        calibrate_committing()
+    monkeypatch.undo()
+    assert read_calibration_cache(cache)[1] == {"x": 0.5}
+    assert model.read_text() == "new model"
+    assert [p.name for p in (tmp_path / "m").iterdir()] == ["q.onnx"]
+    assert [p.name for p in (tmp_path / "c").iterdir()] == ["q.calib.cache"]
+
+
+def test_a_commit_killed_before_its_commit_point_is_undone_by_the_next_reader(tmp_path) -> None:
+    """What a kill leaves after the secondary record and before the primary one (the commit point): the
+    reader of the secondary's file deletes the staged files and the record, and reads the old file."""
+    from trtforge._fileio import _write_record, check_input_file, temp_name
+
+    a, b = tmp_path / "m.onnx.data", tmp_path / "m.onnx"
+    a.write_text("old data")
+    b.write_text("old model")
+    staged = [(tmp_path / ".a.tmp", a), (tmp_path / ".b.tmp", b)]
+    for tmp, _ in staged:
+        tmp.write_text("new")
+    _write_record(temp_name(b, "commit"), "0123", temp_name(a, "commit"), staged)
+    assert check_input_file(b) == b
+    assert (a.read_text(), b.read_text()) == ("old data", "old model")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+
+
+def test_a_damaged_commit_record_is_a_user_error_naming_it(tmp_path) -> None:
+    from trtforge._fileio import check_input_file, temp_name
+
+    (tmp_path / "m.onnx").write_text("model")
+    record = temp_name(tmp_path / "m.onnx", "commit")
+    record.write_text('{"format": "trtforge.commit/1"')
+    with pytest.raises(UserError, match=rf"'{record}' is the record of an interrupted write .* damaged"):
+        check_input_file(tmp_path / "m.onnx")
+
+
+def test_what_writers_killed_before_their_commit_point_left_the_next_commit_sweeps(tmp_path) -> None:
+    """A kill while the model was being written left its staging directory (maybe gigabytes of external
+    data) or atomic_open's temp file beside the output, for good. The next commit onto that output removes
+    them; a live writer's, flocked, stays."""
+    from trtforge._fileio import atomic_outputs, atomic_write_text, scratch_directory_beside
+
+    out = tmp_path / "m.onnx"
+    dead, let_go = scratch_directory_beside(out)
+    (dead / "m.onnx.data").write_bytes(b"half the weights")
+    let_go()  # (its lock goes with the process; the directory stays, not empty)
+    (tmp_path / ".m.onnx.k1ll3dxx.tmp").write_text("half a model")
+    live, release = scratch_directory_beside(out)
+    (tmp_path / "m.onnx.notes.tmp").write_text("the user's")
+    with atomic_outputs():
+        atomic_write_text(out, "model")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.onnx", "m.onnx.notes.tmp", live.name])
+    release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.notes.tmp"]

@@ -2,6 +2,23 @@
 
 A crash or an exception never leaves a partial output file behind; a full disk, an over-long name or a
 read-only directory is the user's to fix (UserError naming the path), not an internal error.
+
+Groups of files (a model and its external data, a model and its calibration cache, an engine and its
+manifest with compile's --save-onnx) are committed as one, crash-safe even against SIGKILL
+(:func:`atomic_outputs`, :func:`commit_staged`). Each file is written complete under a temp name first.
+Then, holding the :func:`directory_lock` of every destination directory and SIGINT/SIGTERM back, the
+commit writes a record (JSON: a token, the primary record's path, and each staged file with its
+destination, as paths relative to the record's directory) beside each destination `D/N` as
+`D/.trtforge-h.commit` (`h` a hash of `N`, :func:`temp_name`), each written as `.commit.part` and renamed
+so it appears whole: the secondary records first, then the first destination's (the primary). The
+primary's appearance is the commit point. It then renames the staged files onto their destinations and
+removes the records, secondaries first. Whoever next touches a destination (:func:`check_input_file`, so
+every model reader, :func:`check_output_path`, so every writer, the calibration cache reader and the
+engine readers, by :func:`settle_commit`: one stat when there is no record) finds an interrupted commit
+by its record and settles it under the same locks: with the primary record there (same token) it renames
+the staged files still there (roll forward), without it it deletes them (roll back); then it removes the
+records. So a group reads as the old one or the new one, never a mix. What a kill before the commit
+point leaves (staged files no record names) is hidden and never read as an output.
 """
 
 from __future__ import annotations
@@ -10,8 +27,11 @@ import contextlib
 import errno
 import glob
 import hashlib
+import json
 import math
 import os
+import re
+import secrets
 import shutil
 import signal
 import stat
@@ -108,11 +128,13 @@ def _encodes(text: str) -> bool:
 
 
 def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> Path:
-    """An existing, readable regular file with a UTF-8 name, else a UserError saying which it is not."""
+    """An existing, readable regular file with a UTF-8 name, else a UserError saying which it is not.
+    An interrupted group commit onto it is settled first (:func:`settle_commit`)."""
     as_input_path(path, what)
     if not str(path):
         raise UserError(f"{what}: the path is empty.")
     p = Path(path)
+    settle_commit(p)
     try:
         st = p.stat()
     except FileNotFoundError:
@@ -183,6 +205,7 @@ def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = 
         )
     p = Path(text)
     check_name_length(p, what)
+    settle_commit(p)  # (whether it exists is decided after a killed writer's commit onto it is settled)
     if p.is_dir():
         raise UserError(f"{what} '{show_path(text)}' is a directory; expected a file path.")
     if p.exists() and not p.is_file():
@@ -232,11 +255,12 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
     """Open a temp file next to `path` for writing; rename it onto `path` only if the block succeeds."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
-    tmp = None
+    tmp, held = None, None
     try:
         try:  # (interrupts held: one between the file's creation and this block's cleanup left it behind)
             with signals_deferred():
                 fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=parent)
+                held = _flocked(os.dup(fd))  # (while staged: a later writer's sweep leaves it be)
         except OSError as e:
             # a missing directory is the user's path too (the caller's check may not have seen this path)
             raise (os_error(e, p) if e.errno in USER_ERRNOS or e.errno == errno.ENOENT else e) from e
@@ -245,11 +269,15 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
-        staged_rename(Path(tmp), p)
+        with signals_deferred():
+            staged_rename(Path(tmp), p, cleanup=_closer(held))
+            held = None
     except BaseException as e:
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        if held is not None:
+            os.close(held)
         if isinstance(e, OSError) and e.errno in USER_ERRNOS:
             raise os_error(e, p) from e
         raise
@@ -358,8 +386,9 @@ _GROUP = _Group()
 @contextlib.contextmanager
 def atomic_outputs() -> Iterator[None]:
     """The files written atomically inside this block (atomic_open, atomic_write_*, save_onnx_atomic) are
-    renamed into place together when it succeeds, SIGINT/SIGTERM held back for the renames, and removed
-    when it fails: a command's outputs appear as a complete new set or not at all. Nested blocks join."""
+    committed into place as one group when it succeeds (a commit record, then the renames, SIGINT/SIGTERM
+    held back; a SIGKILL in between is settled by the next access: the module doc), and removed when it
+    fails: a command's outputs appear as a complete new set or not at all. Nested blocks join."""
     if _GROUP.renames is not None:
         yield
         return
@@ -370,8 +399,9 @@ def atomic_outputs() -> Iterator[None]:
             yield
         finally:
             _GROUP.renames = _GROUP.cleanups = None
+        settle_commit(*(dest for _, dest in renames))  # (a dead writer's, before our locks are taken)
         with directory_lock(staged_directories(renames)), signals_deferred():
-            _rename_all(renames)
+            _commit_group(renames)
     finally:
         for tmp, _ in renames:
             with contextlib.suppress(FileNotFoundError):
@@ -387,26 +417,166 @@ def staged_directories(renames: list[tuple[Path, Path]] | None = None) -> list[P
     return [dest.parent if str(dest.parent) else Path(".") for _, dest in renames or ()]
 
 
-def commit_staged() -> None:
-    """Rename the files staged so far in the enclosing :func:`atomic_outputs` block into place now (the
-    caller holds SIGINT/SIGTERM back, and the :func:`directory_lock` of :func:`staged_directories`), so
-    that they land together with the caller's own renames (an engine and its manifest); a block that
-    fails afterwards no longer removes them."""
-    renames = _GROUP.renames
-    if renames:
-        _rename_all(renames)
-        renames.clear()
+def commit_staged(also: list[tuple[Path, Path]] | None = None) -> None:
+    """Commit the files staged so far in the enclosing :func:`atomic_outputs` block (if any) and the
+    caller's own staged files `also` (staged path, destination) into place now, as one group (see the
+    module doc). The caller holds SIGINT/SIGTERM back and the :func:`directory_lock` of every destination's
+    directory (:func:`staged_directories` gives the block's). At the commit point `also` and the block's
+    list are emptied: from then on the record owns the staged files, and neither the caller's cleanup nor
+    the block's may delete them (a failed rename after it is finished by the next access)."""
+    _commit_group(_GROUP.renames if _GROUP.renames is not None else [], also if also is not None else [])
 
 
-def _rename_all(renames: list[tuple[Path, Path]]) -> None:
-    """Rename each staged file onto its destination, then fsync the directories that changed."""
-    for tmp, dest in renames:
-        try:
+def _commit_group(*groups: list[tuple[Path, Path]]) -> None:
+    """Rename the staged files of `groups` (lists of (staged, destination)) onto their destinations as one
+    commit: records, commit point, renames, records removed (the module doc); each list is emptied at the
+    commit point. The caller holds the destinations' directory locks and SIGINT/SIGTERM back."""
+    renames = [r for group in groups for r in group]
+    if not renames:
+        return
+    dests = list(dict.fromkeys(dest for _, dest in renames))
+    settle_commit(*dests)  # (a dead writer's record where ours go is finished or undone first)
+    for dest in dests:
+        _sweep_staged(dest)
+    records = [temp_name(dest, _COMMIT) for dest in dests]
+    token = secrets.token_hex(8)
+    try:
+        for record in records[1:]:
+            _write_record(record, token, records[0], renames)
+        for parent in {r.parent for r in records[1:]}:
+            fsync_dir(parent)
+        _write_record(records[0], token, records[0], renames)  # the commit point
+        fsync_dir(records[0].parent)
+    except BaseException as e:
+        for record in records:
+            _unlink_record(record, token)
+        if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+            raise os_error(e, dests[0]) from e
+        raise
+    for group in groups:
+        group.clear()
+    try:
+        for tmp, dest in renames:
             os.replace(tmp, dest)
-        except OSError as e:
-            raise (os_error(e, dest) if e.errno in USER_ERRNOS else e) from e
-    for parent in {dest.parent for _, dest in renames}:
+    except OSError as e:  # (the records stay: the next access to the group finishes it)
+        raise (os_error(e, dest) if e.errno in USER_ERRNOS else e) from e
+    for parent in {dest.parent for dest in dests}:
         fsync_dir(parent)
+    for record in [*records[1:], records[0]]:  # (the primary last: a secondary never outlives it)
+        _unlink_record(record, token)
+
+
+# ------------------------------------------------------------------------- group commit records
+_COMMIT, _COMMIT_FORMAT, _STAGING = "commit", "trtforge.commit/1", ".stage"
+
+
+def _real(path: Path) -> str:
+    """`path` with its directory resolved (not its last component: a link there is replaced, not followed),
+    so that a path relative to another real directory reaches it however the caller spelled it."""
+    return os.path.join(os.path.realpath(path.parent if str(path.parent) else "."), path.name)
+
+
+def _write_record(record: Path, token: str, primary: Path, renames: list[tuple[Path, Path]]) -> None:
+    """Write the commit record `record` whole (as its .part, fsynced, then renamed into place)."""
+    base = os.path.dirname(_real(record))
+
+    def rel(p: Path) -> str:
+        return os.path.relpath(_real(p), base)
+
+    text = json.dumps(
+        {
+            "format": _COMMIT_FORMAT,
+            "token": token,
+            "commit": rel(primary),
+            "files": [[rel(tmp), rel(dest)] for tmp, dest in renames],
+        }
+    )  # (ensure_ascii: the surrogates of undecodable name bytes round-trip)
+    part = record.with_name(record.name + ".part")
+    write_synced(part, text.encode("ascii"))
+    os.replace(part, record)
+
+
+def _read_record(record: Path) -> tuple[str, Path, list[tuple[Path, Path]]] | None:
+    """(token, primary record, [(staged, destination)]) of commit record `record`, None when it is gone;
+    a UserError naming it when it is not a record (nothing trtforge writes: it was damaged or edited)."""
+    try:
+        data = json.loads(record.read_bytes())
+        base = record.parent
+        files = [(base / tmp, base / dest) for tmp, dest in data["files"]]
+        if data["format"] != _COMMIT_FORMAT or not isinstance(data["token"], str):
+            raise ValueError(f"format {data['format']!r}")
+        return data["token"], base / data["commit"], files
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise os_error(e, record, "read") from e
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(
+            f"'{show_path(record)}' is the record of an interrupted write of a group of files (a model and "
+            f"its data file, an engine and its manifest), but it is damaged ({type(e).__name__}: {e}), so "
+            "whether to finish or undo that write is unknown. Delete it, check the files beside it (or write "
+            "them again), and retry."
+        ) from e
+
+
+def _unlink_record(record: Path, token: str) -> None:
+    """Remove `record` (and its .part) if it is the commit record of `token`."""
+    with contextlib.suppress(FileNotFoundError):
+        record.with_name(record.name + ".part").unlink()
+    found = _read_record(record)
+    if found is not None and found[0] == token:
+        record.unlink()
+
+
+def settle_commit(*paths: str | os.PathLike[str]) -> None:
+    """Finish or undo an interrupted group commit onto any of `paths` (see the module doc): a dead
+    writer's, since a live one holds the directory locks until its records are gone. Call it before
+    reading a file of a group, or deciding whether it exists; it costs one stat a path when there is no
+    record. What cannot be renamed or removed is a UserError naming the record."""
+    for path in paths:
+        p = Path(path)
+        if not p.name or p.name in (".", ".."):
+            continue
+        record = temp_name(p, _COMMIT)
+        for _ in range(8):  # (each turn settles one record; another writer's may take its place meanwhile)
+            if not os.path.lexists(record):
+                break
+            found = _read_record(record)
+            if found is None:
+                break
+            token, primary, files = found
+            dirs = {record.parent, primary.parent, *(d.parent for _, d in files)}
+            with directory_lock(dirs), signals_deferred():
+                again = _read_record(record)
+                if again is not None and again[0] == token:  # (else another settled it meanwhile: look again)
+                    try:
+                        _settle_commit(token, primary, files)
+                    except OSError as e:
+                        raise UserError(
+                            f"an interrupted write of a group of files left '{show_path(record)}', which "
+                            f"could not be settled ({e.strerror or e}); make its directory writable and "
+                            "retry."
+                        ) from e
+
+
+def _settle_commit(token: str, primary: Path, files: list[tuple[Path, Path]]) -> None:
+    """Roll the group of commit `token` forward (its primary record is there) or back (it is not), then
+    remove its records."""
+    committed = os.path.lexists(primary) and (_read_record(primary) or ("",))[0] == token
+    for tmp, dest in files:
+        if committed and os.path.lexists(tmp):
+            os.replace(tmp, dest)
+        elif not committed:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        if tmp.parent != dest.parent and tmp.parent.parent == dest.parent:
+            with contextlib.suppress(OSError):  # (save_onnx_atomic's staging directory, empty now)
+                tmp.parent.rmdir()
+    for parent in {dest.parent for _, dest in files}:
+        fsync_dir(parent)
+    records = list(dict.fromkeys(temp_name(dest, _COMMIT) for _, dest in files))
+    for record in [r for r in records if r != primary] + [primary]:
+        _unlink_record(record, token)
 
 
 def staged_rename(tmp: Path, dest: Path, cleanup: Callable[[], None] | None = None) -> None:
@@ -420,11 +590,6 @@ def staged_rename(tmp: Path, dest: Path, cleanup: Callable[[], None] | None = No
     _GROUP.renames.append((tmp, dest))
     if cleanup is not None:
         _GROUP.cleanups.append(cleanup)
-
-
-def remove_tree(path: Path) -> Callable[[], None]:
-    """A cleanup that removes the directory `path` and what is left in it."""
-    return lambda: shutil.rmtree(path, ignore_errors=True)
 
 
 def _remove(path: Path) -> None:
@@ -459,6 +624,76 @@ def recover_staged_directory(path: str | os.PathLike[str]) -> None:
                 if fd >= 0:
                     os.close(fd)
                 shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _flocked(fd: int) -> int:
+    """`fd`, holding an exclusive flock (nothing where flock is missing) until it is closed."""
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _closer(fd: int) -> Callable[[], None]:
+    return lambda: os.close(fd)
+
+
+def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
+    """A new hidden directory beside `path` to write `path`'s group of files in (save_onnx_atomic's model
+    and data file), flocked while in use, and the cleanup that lets it go. The cleanup removes it once
+    its staged files are gone (renamed into place, or deleted with a group that failed before its commit
+    point), and leaves it while a file in it is still staged: a commit stopped after its commit point,
+    whose record names that file for the roll-forward (which then removes the directory). A dead
+    writer's, unlocked, is swept by the next commit onto `path`."""
+    parent = path.parent if str(path.parent) else Path(".")
+    tmp, fd = None, None
+    try:
+        with signals_deferred():  # (raised at its end, an interrupt held here finds `tmp` to remove)
+            tmp = Path(tempfile.mkdtemp(prefix=temp_name(path, "").name, suffix=_STAGING, dir=parent))
+            fd = try_lock(tmp)
+    except BaseException:
+        if fd is not None and fd >= 0:
+            os.close(fd)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    def cleanup() -> None:
+        if fd is not None and fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.rmdir()
+
+    return tmp, cleanup
+
+
+def _sweep_staged(dest: Path) -> None:
+    """Remove what writers of `dest` killed before their commit point left beside it (atomic_open's temp
+    files, staging directories): those whose flock no live writer holds. Where flock is missing nothing is
+    swept (a live writer's could not be told apart)."""
+    if fcntl is None:
+        return
+    parent = dest.parent if str(dest.parent) else Path(".")
+    files = re.compile(re.escape(f".{dest.name[:40]}.") + r"[a-z0-9_]{8}\.tmp")
+    directories = re.compile(re.escape(temp_name(dest, "").name) + r"[a-z0-9_]{8}" + re.escape(_STAGING))
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        entry = parent / name
+        is_dir = entry.is_dir() and not entry.is_symlink()
+        if not ((files.fullmatch(name) and entry.is_file()) or (directories.fullmatch(name) and is_dir)):
+            continue
+        try:
+            fd = try_lock(entry)
+        except OSError:  # (not ours to open: not ours to remove)
+            continue
+        if fd is None:
+            continue  # a live writer's
+        if fd >= 0:
+            os.close(fd)
+        _remove(entry)
 
 
 def try_lock(path: Path) -> int | None:

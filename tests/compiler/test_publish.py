@@ -243,3 +243,35 @@ def test_outputs_staged_beside_a_publish_land_with_the_pair_or_not_at_all(tmp_pa
         assert extra.read_text() == "new model"  # renamed with the pair, not at the end of the block
     assert (_loaded(out), extra.read_text()) == (NEW, "new model")
     assert _names(tmp_path) == ["m.engine", "m.engine.json", "model.onnx"]
+
+
+def test_a_publish_stopped_after_its_commit_point_is_finished_by_the_next_reader(tmp_path, monkeypatch):
+    """compile --save-onnx: the saved model, the engine and the manifest are one group commit. Stopped
+    (as by a SIGKILL) right after the model's rename, the next read of the engine finishes the rest;
+    before, the --save-onnx model was renamed outside the engine's commit record."""
+    from trtforge._fileio import atomic_outputs, atomic_write_text
+
+    out = _old_pair(tmp_path)
+    extra = tmp_path / "model.onnx"
+    extra.write_text("old model")
+    real = os.replace
+
+    class Killed(BaseException):
+        pass
+
+    def replace(src, dst):
+        real(src, dst)
+        if dst == extra:
+            raise Killed
+
+    def compile_publishing() -> None:
+        with atomic_outputs():
+            atomic_write_text(extra, "new model")
+            publish_engine(out, NEW, _manifest(out, NEW))
+
+    monkeypatch.setattr(manifest_mod.os, "replace", replace)
+    with pytest.raises(Killed):
+        compile_publishing()
+    monkeypatch.undo()
+    assert _loaded(out) == NEW and extra.read_text() == "new model"
+    assert _names(tmp_path) == ["m.engine", "m.engine.json", "model.onnx"]

@@ -14,7 +14,7 @@ import struct
 from importlib import metadata
 from pathlib import Path
 
-from trtforge._fileio import atomic_write_text
+from trtforge._fileio import atomic_write_text, settle_commit
 from trtforge.errors import UserError
 
 ALGORITHMS = {
@@ -64,6 +64,7 @@ def read_calibration_cache(path: str | os.PathLike[str]) -> tuple[str, dict[str,
     """(header, tensor -> scale) from a cache file; UserError naming the line when it is malformed or a
     scale is not a finite positive number (it would become a Q/DQ scale as it is)."""
     p = Path(path)
+    settle_commit(p)  # (calibrate killed while committing the cache with its model: finished or undone)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:

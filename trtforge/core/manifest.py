@@ -5,13 +5,17 @@ backend and version before deserializing) and the Triton exporter. Schema id: ``
 
 Publishing is crash-safe (:func:`publish_engine`): an interrupted or killed compile leaves the complete
 old pair or the complete new pair, never a mix. Beside `D/N` it writes, with `h` a hash of `N` and `t` a
-random token, the staged engine `D/.trtforge-h.t.engine`, then the commit record `D/.trtforge-h.t.json`
-(the new manifest, written as `.json.part` and renamed, so it appears whole): its appearance is the commit
-point. It then renames the staged engine onto `N` and the record onto `N.json`. The publisher holds an
-flock on the staged files until it is done. :func:`resolve_pending` (run by :func:`read_manifest`, so by
-`rt.load`, `trtforge inspect` and a re-run of compile) settles whatever a dead publisher left: with a
-commit record whose engine (staged, or already at `N`) matches its sha256 it finishes the renames
-(roll forward); otherwise, and for staged files with no record, it deletes them, so the old pair stands.
+random token, the staged engine `D/.trtforge-h.t.engine` and the staged manifest `D/.trtforge-h.t.json.part`,
+each flocked by the publisher until it is done, then commits them onto `N` and `N.json` as one group with
+:func:`~trtforge._fileio.commit_staged` (the group commit of `trtforge._fileio`, whose module doc tells the
+commit record, the commit point and the recovery), together with the files the caller staged in an
+:func:`~trtforge._fileio.atomic_outputs` block (compile's --save-onnx model and its data file).
+:func:`resolve_pending` (run by :func:`read_manifest`, so by `rt.load`, `trtforge inspect` and a re-run of
+compile) settles whatever a dead publisher left: an interrupted commit is finished or undone
+(:func:`~trtforge._fileio.settle_commit`), and staged files of a publisher killed before its commit point
+are deleted unless their flock says the publisher lives. A commit record `D/.trtforge-h.t.json` (the new
+manifest) that a publisher of trtforge before the group commit left is still settled as it was: rolled
+forward when its engine (staged, or already at `N`) matches its sha256, else deleted.
 SIGINT and SIGTERM are held back for the few milliseconds of the renames. Two compiles publishing to one
 engine take turns from the commit point on (an exclusive :func:`~trtforge._fileio.directory_lock` on `D`),
 and readers (:func:`read_engine`: rt.load, inspect, report, export-triton) hold it shared, so nobody sees
@@ -37,6 +41,7 @@ from trtforge._fileio import (
     directory_lock,
     fsync_dir,
     os_error,
+    settle_commit,
     sha256_bytes,
     sha256_file,
     show_path,
@@ -330,37 +335,24 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
     :func:`~trtforge._fileio.atomic_outputs` block, the block's staged files land with the pair."""
     out = Path(engine_path)
     token = secrets.token_hex(4)
-    staged, record, part = (temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART))
+    staged, part = (temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _PART))
     mpath = manifest_path_for(out)
+    pair = [(staged, out), (part, mpath)]
     with contextlib.ExitStack() as held:
         try:
             _write_locked(staged, data, held, out)
             _write_locked(part, manifest.to_json().encode(), held, mpath)
             # another compile to the same engine commits and renames its pair before or after this one,
             # not between (taken before the commit point: an interrupt while waiting keeps the old pair)
+            settle_commit(out, mpath)  # (a dead compile's, before the locks)
             held.enter_context(directory_lock([out.parent, *staged_directories()]))
             with signals_deferred():
-                os.replace(part, record)  # the commit point
-                fsync_dir(out.parent)
+                commit_staged(pair)  # with the caller's other outputs (--save-onnx): one commit
         except BaseException:
-            for p in (staged, part, record):
+            for p, _ in pair:  # (emptied at the commit point: the commit record owns them from there)
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
             raise
-        with signals_deferred():
-            try:
-                commit_staged()  # the caller's other outputs (--save-onnx), in the same uninterruptible step
-            except BaseException:
-                for p in (staged, record):
-                    with contextlib.suppress(FileNotFoundError):
-                        p.unlink()
-                raise
-            try:
-                os.replace(staged, out)
-                os.replace(record, mpath)
-            except OSError as e:
-                raise (os_error(e, out) if e.errno in USER_ERRNOS else e) from e
-            fsync_dir(out.parent)
     return mpath
 
 
@@ -391,6 +383,7 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
     out = Path(engine_path)
     if not out.name:  # '', '.', '/': no file is published there (it was temp_name's ValueError)
         return
+    settle_commit(out, manifest_path_for(out))
     parent = out.parent if str(out.parent) else Path(".")
     prefix = temp_name(out, "").name
     try:

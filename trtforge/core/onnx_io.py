@@ -227,24 +227,25 @@ def save_onnx_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Pa
     A failure leaves no partial model; the external-data file (if any) is named `<name>.data`.
     """
     import shutil
-    import tempfile
 
-    from trtforge._fileio import atomic_outputs, remove_tree, signals_deferred, staged_rename
+    from trtforge._fileio import atomic_outputs, scratch_directory_beside, signals_deferred, staged_rename
 
     p = Path(path)
-    tmp = None
+    tmp, cleanup = scratch_directory_beside(p)
     try:
-        with signals_deferred():  # (an interrupt between its creation and this block's cleanup left it)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", dir=p.parent))
         with atomic_outputs():  # the model and its data file together (with the caller's other outputs)
             save_onnx(model, tmp / p.name)
             data = tmp / (p.name + ".data")
-            if data.exists():
-                staged_rename(data, p.parent / data.name)
-            staged_rename(tmp / p.name, p, cleanup=remove_tree(tmp))
+            with signals_deferred():
+                if data.exists():
+                    staged_rename(data, p.parent / data.name)
+                staged_rename(tmp / p.name, p, cleanup=cleanup)
+                cleanup = None
     except BaseException:
-        if tmp is not None:
+        # (once staged, the group removes the files, or its commit record keeps them for a roll-forward)
+        if cleanup is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+            cleanup()
         raise
     return p
 
