@@ -17,8 +17,9 @@ every model reader, :func:`check_output_path`, so every writer, the calibration 
 engine readers, by :func:`settle_commit`: one stat when there is no record) finds an interrupted commit
 by its record and settles it under the same locks: with the primary record there (same token) it renames
 the staged files still there (roll forward), without it it deletes them (roll back); then it removes the
-records. So a group reads as the old one or the new one, never a mix. What a kill before the commit
-point leaves (staged files no record names) is hidden and never read as an output.
+records. So a group reads as the old one or the new one, never a mix. A damaged record is a UserError
+naming it. What a kill before the commit point leaves (staged files no record names, each flocked while
+its writer lives) is hidden, never read as an output, and swept by the next commit onto that output.
 """
 
 from __future__ import annotations
@@ -246,6 +247,15 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a file written by another library (onnx.save) to disk, before a commit renames it into place."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
 

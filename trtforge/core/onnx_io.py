@@ -228,7 +228,13 @@ def save_onnx_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Pa
     """
     import shutil
 
-    from trtforge._fileio import atomic_outputs, scratch_directory_beside, signals_deferred, staged_rename
+    from trtforge._fileio import (
+        atomic_outputs,
+        fsync_file,
+        scratch_directory_beside,
+        signals_deferred,
+        staged_rename,
+    )
 
     p = Path(path)
     tmp, cleanup = scratch_directory_beside(p)
@@ -236,6 +242,9 @@ def save_onnx_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Pa
         with atomic_outputs():  # the model and its data file together (with the caller's other outputs)
             save_onnx(model, tmp / p.name)
             data = tmp / (p.name + ".data")
+            for f in (tmp / p.name, data):  # (on disk before the commit point, as atomic_open's are)
+                if f.exists():
+                    fsync_file(f)
             with signals_deferred():
                 if data.exists():
                     staged_rename(data, p.parent / data.name)
