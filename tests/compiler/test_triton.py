@@ -357,3 +357,72 @@ def test_a_missing_engine_is_named_missing(tmp_path: Path, capsys) -> None:
         "typo.engine' does not exist (nor its manifest",
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_a_version_is_added_beside_the_others(bert_engine: Path, tmp_path: Path, capsys) -> None:
+    """Before: there was no --version: every export wrote version 1, and the only way to put a new engine
+    in an existing model was --force, which deleted the model's other versions with it."""
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    config = (repo / "bert" / "config.pbtxt").read_bytes()
+    capsys.readouterr()
+    assert main(["export-triton", str(bert_engine), "-o", str(repo), "--version", "2"]) == 0
+    assert "wrote version 2 into" in capsys.readouterr().out
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == [
+        "bert",
+        "bert/1",
+        "bert/1/model.plan",
+        "bert/2",
+        "bert/2/model.plan",
+        "bert/config.pbtxt",
+    ]
+    assert (repo / "bert" / "2" / "model.plan").read_bytes() == bert_engine.read_bytes()
+    assert (repo / "bert" / "config.pbtxt").read_bytes() == config
+    # --force replaces the model directory whole, as --help says: only the version written is left
+    assert main(["export-triton", str(bert_engine), "-o", str(repo), "--version", "7", "--force"]) == 0
+    assert sorted(p.name for p in (repo / "bert").iterdir()) == ["7", "config.pbtxt"]
+
+
+def test_a_model_made_meanwhile_is_not_replaced_without_force(
+    bert_engine: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Before: the model directory was looked for before the model was written and never again, so a
+    model another export (or a person) put there meanwhile was replaced without --force, and both exports
+    said they wrote it. The swap now refuses, under the repository's lock, a directory there by then."""
+    from trtforge.compiler import triton
+
+    repo = tmp_path / "repo"
+    real = triton.write_synced
+
+    def write_then_race(path: Path, data: bytes) -> None:
+        real(path, data)
+        if path.name == "config.pbtxt":  # the new model staged: another one appears at its place
+            (repo / "bert" / "9").mkdir(parents=True)
+            (repo / "bert" / "9" / "model.plan").write_bytes(b"theirs")
+
+    monkeypatch.setattr(triton, "write_synced", write_then_race)
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 2
+    assert "error: model directory" in capsys.readouterr().err
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == [
+        "bert",
+        "bert/9",
+        "bert/9/model.plan",
+    ]
+
+
+def test_a_failed_export_removes_the_repository_it_made(bert_engine: Path, tmp_path: Path, monkeypatch):
+    """Before: a failed write (a full disk) left the repository directories the export had created,
+    empty, behind; the export now leaves the filesystem as it found it."""
+    import errno
+
+    from trtforge.compiler import triton
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(triton, "write_synced", full)
+    assert main(["export-triton", str(bert_engine), "-o", str(tmp_path / "a" / "repo")]) == 2
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()
+    assert main(["export-triton", str(bert_engine), "-o", str(tmp_path / "kept")]) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []

@@ -14,6 +14,7 @@ from typing import Any
 
 from trtforge._fileio import (
     check_name_length,
+    directory_lock,
     os_error,
     recover_staged_directory,
     show_path,
@@ -26,7 +27,7 @@ from trtforge.core.manifest import (
     manifest_path_for,
     read_engine,
 )
-from trtforge.errors import UserError
+from trtforge.errors import UserError, is_int
 
 TRITON_DTYPES = {
     "float32": "TYPE_FP32",
@@ -39,6 +40,7 @@ TRITON_DTYPES = {
     "bool": "TYPE_BOOL",
 }
 MAX_UINT64 = 2**64 - 1  # Triton's max_queue_delay_microseconds is a uint64
+MAX_VERSION = 2**63 - 1  # Triton reads a version directory's name as an int64
 PIP_HINT = 'pip install "tritonclient[grpc]"   (or: pip install "trtforge[triton]")'
 
 
@@ -54,6 +56,7 @@ class TritonOptions:
     max_queue_delay_us: int = 0
     force: bool = False
     validate: bool = True
+    version: int = 1
 
 
 @dataclass
@@ -66,6 +69,8 @@ class TritonExport:
     config_text: str
     max_batch_size: int
     validated: bool
+    version: int = 1
+    added_version: bool = False  # True: a version added to an existing model (its config.pbtxt kept)
 
 
 def _batch_limit(m: Manifest) -> tuple[int, str]:
@@ -90,9 +95,17 @@ def _dims(spec: TensorSpec, batched: bool) -> list[int]:
 def _check_servable(kind: str, t: TensorSpec, batched: bool) -> None:
     """UserError for a tensor Triton's model configuration cannot describe (it checks dims are >= 1 or -1
     and refuses scalars in a model that does not batch)."""
+    if not _utf8(t.name):  # (a manifest edited by hand: JSON may spell a lone surrogate, \udc80)
+        raise UserError(
+            f"{kind} {t.name!r} of the engine's manifest is not valid UTF-8 text, which Triton's "
+            "config.pbtxt needs for every tensor name; the manifest is corrupted: rebuild the engine with "
+            "`trtforge compile`."
+        )
     if t.dtype not in TRITON_DTYPES:
         raise UserError(
-            f"{kind} '{t.name}' has dtype {t.dtype}, which Triton's TensorRT backend cannot serve."
+            f"{kind} '{t.name}' has dtype {t.dtype}, which Triton's TensorRT backend cannot serve "
+            f"(it serves {', '.join(sorted(TRITON_DTYPES))}). Rebuild the engine with that tensor in "
+            "one of these types."
         )
     if not t.shape and not batched:
         raise UserError(
@@ -299,28 +312,110 @@ def export_triton(
             "'/', not starting with '.' nor starting or ending with a space (Triton names the model by its "
             "directory, and clients must spell it exactly)."
         )
+    version = opts.version
+    if not is_int(version) or not 1 <= version <= MAX_VERSION:
+        raise UserError(
+            f"--version {version!r} is not a model version Triton serves: expected a whole number from 1 "
+            f"to {MAX_VERSION} (Triton ignores version directories that are not numbers or start with '0', "
+            "and reads the version as a signed 64-bit integer)."
+        )
     repo = Path(repo)
     if repo.exists() and not repo.is_dir():
-        raise UserError(f"repository '{repo}' exists and is not a directory.")
+        raise UserError(f"repository '{show_path(repo)}' exists and is not a directory.")
     target = repo / name
     check_name_length(target, "--name" if opts.name is not None else "the model directory")
     recover_staged_directory(target)  # an export killed mid-swap left the model aside: it goes back first
     _refuse_replacing_inputs(target, [engine, manifest_path_for(engine)])
-    if target.exists() and not opts.force:
-        raise UserError(f"model directory '{target}' already exists; pass --force to replace it.")
     text, max_batch = render_config(manifest, name, opts)
+    adding = os.path.lexists(target) and not opts.force
+    if adding:
+        _check_version_addable(target, version, text)
     validated = False
     if opts.validate:
         validate_config(text, manifest, max_batch)
         validated = True
+    plan = target / str(version) / "model.plan"
+    if adding:
+        _add_version(target, version, text, data)
+    else:
+        _write_model(repo, target, version, text, data, replace=opts.force)
+    return TritonExport(
+        target, target / "config.pbtxt", plan, text, max_batch, validated, version, added_version=adding
+    )
+
+
+def _exists(target: Path) -> UserError:
+    return UserError(
+        f"model directory '{show_path(target)}' already exists (another export made it meanwhile); pass "
+        "--force to replace it."
+    )
+
+
+def _check_version_addable(target: Path, version: int, text: str) -> None:
+    """UserError unless `target`, an existing model directory, can take version `version` with its
+    config.pbtxt as it is: the version is new and the config the same (Triton serves every version of a
+    model with one config.pbtxt, so an engine with other inputs, outputs or batching is another model)."""
+    where = show_path(target)
+    if not target.is_dir():
+        raise UserError(f"model directory '{where}' already exists and is not a directory; pass --force.")
+    vdir = target / str(version)
+    recover_staged_directory(vdir)
+    if os.path.lexists(vdir):
+        raise UserError(
+            f"model directory '{where}' already exists; pass --force to replace it (with all its versions), "
+            f"or --version N to add this engine as version N beside its version {version}."
+        )
+    try:
+        current = (target / "config.pbtxt").read_bytes()
+    except FileNotFoundError:
+        current = None
+    except OSError as e:
+        raise os_error(e, target / "config.pbtxt", "read") from e
+    if current != text.encode("utf-8"):
+        differs = "has no config.pbtxt" if current is None else "has a config.pbtxt unlike this engine's"
+        raise UserError(
+            f"model directory '{where}' already exists and {differs}; Triton serves every version of a "
+            f"model with the one config.pbtxt, so version {version} of this engine cannot be added beside "
+            "the others. Pass --force to replace the model directory and all its versions, or export "
+            "under another --name."
+        )
+
+
+def _add_version(target: Path, version: int, text: str, data: bytes) -> None:
+    """Write `target`/`version`/model.plan into the existing model directory, all or nothing; its
+    config.pbtxt is checked again, and the version made, under the repository's lock (the one an export
+    replacing the model directory takes), so the version lands beside the config it was checked with."""
+    with directory_lock([target.parent]):
+        _check_version_addable(target, version, text)
+        try:
+            with staged_directory(target / str(version), replace=False) as staging:
+                write_synced(staging / "model.plan", data)
+        except FileExistsError as e:
+            raise UserError(
+                f"version {version} of model directory '{show_path(target)}' was made meanwhile by another "
+                "export; pass --version N for a new version, or --force to replace the model directory."
+            ) from e
+
+
+def _write_model(repo: Path, target: Path, version: int, text: str, data: bytes, *, replace: bool) -> None:
+    """Write the model directory `target` whole (replacing an existing one only when `replace`); the
+    repository directories it creates are removed again when it fails."""
+    made = [d for d in (repo, *repo.parents) if not d.exists()]
     try:
         repo.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a repository path that cannot be created (read-only, /proc, no permission)
         raise os_error(e, repo, "create the model repository") from e
-    with staged_directory(target) as staging:  # (what a SIGKILL leaves beside it, the next export repairs)
-        (staging / "1").mkdir()
-        write_synced(staging / "1" / "model.plan", data)
-        write_synced(staging / "config.pbtxt", text.encode("utf-8"))
-    return TritonExport(
-        target, target / "config.pbtxt", target / "1" / "model.plan", text, max_batch, validated
-    )
+    try:
+        with staged_directory(target, replace=replace) as staging:  # (a SIGKILL's leftovers: next export)
+            (staging / str(version)).mkdir()
+            write_synced(staging / str(version) / "model.plan", data)
+            write_synced(staging / "config.pbtxt", text.encode("utf-8"))
+    except BaseException as e:
+        for d in made:  # (innermost first; one another export wrote into meanwhile is not empty: kept)
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        if isinstance(e, FileExistsError):
+            raise _exists(target) from e
+        raise
