@@ -426,3 +426,51 @@ def test_a_failed_export_removes_the_repository_it_made(bert_engine: Path, tmp_p
     (tmp_path / "kept").mkdir()
     assert main(["export-triton", str(bert_engine), "-o", str(tmp_path / "kept")]) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []
+
+
+def test_an_interrupted_version_add_leaves_the_model_as_it_was(
+    bert_engine: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """SIGTERM while `--version 2` writes its model.plan into an existing model: the model directory keeps
+    its version 1 and config.pbtxt, with no version 2 and nothing staged beside them."""
+    from trtforge.compiler import triton
+
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
+    real = triton.write_synced
+
+    def write_then_signal(path: Path, data: bytes) -> None:
+        real(path, data)
+        signal.raise_signal(signal.SIGTERM)
+
+    def stop(signum, frame):
+        raise SystemExit(143)
+
+    monkeypatch.setattr(triton, "write_synced", write_then_signal)
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit):
+            triton.export_triton(bert_engine, repo, triton.TritonOptions(version=2))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == before
+
+
+def test_every_manifest_dtype_is_mapped_to_a_triton_type_or_refused() -> None:
+    """Each dtype an engine's manifest can hold (BF16, FP8, INT8, bool, int64, ...) becomes a DataType that
+    Triton's ModelConfig has, or a one-paragraph refusal naming the tensor and the types Triton serves."""
+    from trtforge.compiler.triton import TRITON_DTYPES, _check_servable
+    from trtforge.core.backend import MANIFEST_DTYPES
+    from trtforge.core.tensor_spec import TensorSpec
+    from trtforge.errors import UserError
+
+    assert {"bfloat16", "int8", "bool", "int64", "float16", "float32"} <= set(TRITON_DTYPES)
+    for dtype in sorted(MANIFEST_DTYPES):
+        spec = TensorSpec(name="t", dtype=dtype, shape=[-1, 4])
+        if dtype in TRITON_DTYPES:
+            assert mc.DataType.Value(TRITON_DTYPES[dtype]) != mc.DataType.Value("TYPE_INVALID")
+            _check_servable("input", spec, batched=True)
+        else:
+            with pytest.raises(UserError, match=rf"input 't' has dtype {dtype}, .* \(it serves bfloat16,"):
+                _check_servable("input", spec, batched=True)
