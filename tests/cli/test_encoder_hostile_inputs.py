@@ -737,6 +737,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"output 'y\\udc80' of the engine's manifest is not valid UTF-8 text, which Triton's config\.pbtxt "
         r"needs for every tensor name",
     ),
+    # (before: written as `name: ""` and said to be validated; Triton refuses it at load)
+    "export-triton: a manifest's tensor name empty": (
+        _triton_manifest('"name": "y"=>"name": ""'),
+        r"an output of the engine's manifest has an empty name, and Triton's config\.pbtxt needs a name",
+    ),
     "export-triton: an FP8 output names the dtypes Triton serves": (
         _triton_manifest('"dtype": "float32"=>"dtype": "float8_e4m3fn"'),
         r"input 'x' has dtype float8_e4m3fn, which Triton's TensorRT backend cannot serve \(it serves "

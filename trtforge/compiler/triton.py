@@ -95,6 +95,12 @@ def _dims(spec: TensorSpec, batched: bool) -> list[int]:
 def _check_servable(kind: str, t: TensorSpec, batched: bool) -> None:
     """UserError for a tensor Triton's model configuration cannot describe (it checks dims are >= 1 or -1
     and refuses scalars in a model that does not batch)."""
+    if not t.name:  # (Triton refuses it at load: "must specify 'name'")
+        raise UserError(
+            f"an {kind} of the engine's manifest has an empty name, and Triton's config.pbtxt needs a name "
+            "for every input and output (it refuses the model at load otherwise); the manifest is "
+            "corrupted: rebuild the engine with `trtforge compile`."
+        )
     if not _utf8(t.name):  # (a manifest edited by hand: JSON may spell a lone surrogate, \udc80)
         raise UserError(
             f"{kind} {t.name!r} of the engine's manifest is not valid UTF-8 text, which Triton's "
