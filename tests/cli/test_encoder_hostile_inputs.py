@@ -774,6 +774,16 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"model directory 'repo/m' already exists and has a config\.pbtxt unlike this engine's; Triton "
         r"serves every version of a model with the one config\.pbtxt",
     ),
+    # (before: written; Triton's ValidateModelName refuses '..' anywhere in a name it is asked to load)
+    "export-triton --name with '..' inside": (
+        _triton("-o", "repo", "--name", "bert..v2", "--no-validate"),
+        r"--name 'bert\.\.v2' is not a valid model directory name: expected printable UTF-8 text without "
+        r"'/' or '\.\.'",
+    ),
+    "export-triton: the default name (the engine's stem) with '..' inside": (
+        _triton("-o", "repo", engine="m..int8.engine"),
+        r"the model name \(the engine file's name; choose one with --name\) 'm\.\.int8' is not a valid",
+    ),
     "export-triton --name over the filesystem limit": (
         _triton("-o", "repo", "--name", "n" * 300, "--no-validate"),
         r"--name 'repo/n{300}': the file name is 300 bytes long; this filesystem allows 255",

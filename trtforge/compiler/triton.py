@@ -304,6 +304,7 @@ def export_triton(
         not name.strip()
         or name != name.strip()
         or "/" in name
+        or ".." in name  # (Triton refuses a model name holding '..' as a path traversal, on load requests)
         or name.startswith(".")
         or not name.isprintable()
         or not _utf8(name)
@@ -315,8 +316,8 @@ def export_triton(
         )
         raise UserError(
             f"{given} {name!r} is not a valid model directory name: expected printable UTF-8 text without "
-            "'/', not starting with '.' nor starting or ending with a space (Triton names the model by its "
-            "directory, and clients must spell it exactly)."
+            "'/' or '..', not starting with '.' nor starting or ending with a space (Triton names the model "
+            "by its directory, refuses '..' in a model name, and clients must spell it exactly)."
         )
     version = opts.version
     if not is_int(version) or not 1 <= version <= MAX_VERSION:
