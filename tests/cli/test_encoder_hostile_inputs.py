@@ -742,6 +742,15 @@ CASES: dict[str, tuple[Setup, str]] = {
         _triton_manifest('"name": "y"=>"name": ""'),
         r"an output of the engine's manifest has an empty name, and Triton's config\.pbtxt needs a name",
     ),
+    # (before: written as max_batch_size 2147483648, out of Triton's int32: protobuf's ParseError, an
+    # internal error; with --no-validate a config Triton refuses)
+    "export-triton --max-batch past int32": (
+        _triton_manifest(
+            '"max": [\n          32,=>"max": [\n          4294967296,', "--max-batch", "2147483648"
+        ),
+        r"--max-batch 2147483648 is out of range: Triton reads max_batch_size as a signed 32-bit integer, "
+        r"at most 2147483647",
+    ),
     "export-triton: an FP8 output names the dtypes Triton serves": (
         _triton_manifest('"dtype": "float32"=>"dtype": "float8_e4m3fn"'),
         r"input 'x' has dtype float8_e4m3fn, which Triton's TensorRT backend cannot serve \(it serves "

@@ -474,3 +474,17 @@ def test_every_manifest_dtype_is_mapped_to_a_triton_type_or_refused() -> None:
         else:
             with pytest.raises(UserError, match=rf"input 't' has dtype {dtype}, .* \(it serves bfloat16,"):
                 _check_servable("input", spec, batched=True)
+
+
+def test_a_profile_batch_past_int32_is_served_at_triton_s_largest(tmp_path: Path) -> None:
+    """Before: an engine whose profiles allow batches of 2**31 or more got that as its max_batch_size, out of
+    the int32 Triton reads: protobuf's ParseError (an internal error), or with --no-validate a config
+    Triton refuses. The default is now the largest batch Triton can be told, 2**31 - 1."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    manifest["profiles"][0]["x"]["max"][0] = 2**32
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "repo")]) == 0
+    assert _parse(tmp_path / "repo" / "m" / "config.pbtxt").max_batch_size == 2**31 - 1

@@ -39,6 +39,7 @@ TRITON_DTYPES = {
     "uint8": "TYPE_UINT8",
     "bool": "TYPE_BOOL",
 }
+MAX_INT32 = 2**31 - 1  # Triton's max_batch_size (and preferred_batch_size) is an int32
 MAX_UINT64 = 2**64 - 1  # Triton's max_queue_delay_microseconds is a uint64
 MAX_VERSION = 2**63 - 1  # Triton reads a version directory's name as an int64
 PIP_HINT = 'pip install "tritonclient[grpc]"   (or: pip install "trtforge[triton]")'
@@ -154,7 +155,12 @@ def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int
     """config.pbtxt text for the engine described by `m`, and the max_batch_size used."""
     limit, why = _batch_limit(m)
     if opts.max_batch is None:
-        max_batch = limit
+        max_batch = min(limit, MAX_INT32)  # (a profile may allow more than Triton can be told)
+    elif opts.max_batch > MAX_INT32:
+        raise UserError(
+            f"--max-batch {opts.max_batch} is out of range: Triton reads max_batch_size as a signed 32-bit "
+            f"integer, at most {MAX_INT32}."
+        )
     elif opts.max_batch > limit:
         reason = f" ({why})" if why else ""
         raise UserError(
