@@ -751,6 +751,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--max-batch 2147483648 is out of range: Triton reads max_batch_size as a signed 32-bit integer, "
         r"at most 2147483647",
     ),
+    # (before: protobuf's ParseError 'Value out of range', an internal error)
+    "export-triton: a manifest's dimension past int64": (
+        _triton_manifest("        -1\n      ]=>        -1,\n        " + "9" * 20 + "\n      ]"),
+        r"output 's' has shape \[-1, 9{20}\] in the engine's manifest, a dimension past the signed 64-bit",
+    ),
     "export-triton: an FP8 output names the dtypes Triton serves": (
         _triton_manifest('"dtype": "float32"=>"dtype": "float8_e4m3fn"'),
         r"input 'x' has dtype float8_e4m3fn, which Triton's TensorRT backend cannot serve \(it serves "

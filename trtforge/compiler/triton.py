@@ -40,6 +40,7 @@ TRITON_DTYPES = {
     "bool": "TYPE_BOOL",
 }
 MAX_INT32 = 2**31 - 1  # Triton's max_batch_size (and preferred_batch_size) is an int32
+MAX_INT64 = 2**63 - 1  # Triton's dims
 MAX_UINT64 = 2**64 - 1  # Triton's max_queue_delay_microseconds is a uint64
 MAX_VERSION = 2**63 - 1  # Triton reads a version directory's name as an int64
 PIP_HINT = 'pip install "tritonclient[grpc]"   (or: pip install "trtforge[triton]")'
@@ -124,6 +125,12 @@ def _check_servable(kind: str, t: TensorSpec, batched: bool) -> None:
         raise UserError(
             f"{kind} '{t.name}' has shape {list(t.shape)}: Triton accepts dimensions >= 1 or -1 (variable) "
             "only, so a model with an empty (zero-size) dimension cannot be described in config.pbtxt."
+        )
+    if any(d > MAX_INT64 for d in t.shape):  # (a manifest edited by hand: TensorRT's dims are int64)
+        raise UserError(
+            f"{kind} '{t.name}' has shape {list(t.shape)} in the engine's manifest, a dimension past the "
+            f"signed 64-bit integers ({MAX_INT64}) that TensorRT and Triton's dims hold; the manifest is "
+            "corrupted: rebuild the engine with `trtforge compile`."
         )
 
 
