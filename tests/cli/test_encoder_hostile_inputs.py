@@ -756,6 +756,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         _triton_manifest("        -1\n      ]=>        -1,\n        " + "9" * 20 + "\n      ]"),
         r"output 's' has shape \[-1, 9{20}\] in the engine's manifest, a dimension past the signed 64-bit",
     ),
+    "export-triton --instances past int32": (
+        _triton("-o", "repo", "--instances", str(2**31)),
+        r"--instances 2147483648 is out of range: expected a whole number from 1 to 2147483647",
+    ),
     "export-triton: an FP8 output names the dtypes Triton serves": (
         _triton_manifest('"dtype": "float32"=>"dtype": "float8_e4m3fn"'),
         r"input 'x' has dtype float8_e4m3fn, which Triton's TensorRT backend cannot serve \(it serves "

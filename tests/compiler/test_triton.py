@@ -488,3 +488,21 @@ def test_a_profile_batch_past_int32_is_served_at_triton_s_largest(tmp_path: Path
     Path(str(eng) + ".json").write_text(json.dumps(manifest))
     assert main(["export-triton", str(eng), "-o", str(tmp_path / "repo")]) == 0
     assert _parse(tmp_path / "repo" / "m" / "config.pbtxt").max_batch_size == 2**31 - 1
+
+
+def test_instances_of_a_static_engine_are_one_group(tmp_path: Path) -> None:
+    """Before: a static-shape engine got one instance group per instance, so --instances 10**9 ran a loop
+    of a billion groups (memory and time without end) for a config Triton reads as one group of that
+    count. It is one group now, `count: N`."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    for t in [*manifest["inputs"], *manifest["outputs"]]:
+        t["shape"][0] = 4
+    manifest["profiles"] = []
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    argv = ["export-triton", str(eng), "-o", str(tmp_path / "repo"), "--instances", "5"]
+    assert main(argv) == 0
+    cfg = _parse(tmp_path / "repo" / "m" / "config.pbtxt")
+    assert cfg.max_batch_size == 0 and [(g.count, list(g.profile)) for g in cfg.instance_group] == [(5, [])]

@@ -39,7 +39,7 @@ TRITON_DTYPES = {
     "uint8": "TYPE_UINT8",
     "bool": "TYPE_BOOL",
 }
-MAX_INT32 = 2**31 - 1  # Triton's max_batch_size (and preferred_batch_size) is an int32
+MAX_INT32 = 2**31 - 1  # Triton's max_batch_size, preferred_batch_size and instance count are int32
 MAX_INT64 = 2**63 - 1  # Triton's dims
 MAX_UINT64 = 2**64 - 1  # Triton's max_queue_delay_microseconds is a uint64
 MAX_VERSION = 2**63 - 1  # Triton reads a version directory's name as an int64
@@ -206,6 +206,11 @@ def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int
     bad_pref = [b for b in opts.preferred_batch_sizes if not 1 <= b <= max_batch]
     if bad_pref:
         raise UserError(f"--preferred-batch-size {bad_pref} outside 1..{max_batch} (the max batch size).")
+    if not is_int(opts.instances) or not 1 <= opts.instances <= MAX_INT32:
+        raise UserError(
+            f"--instances {opts.instances!r} is out of range: expected a whole number from 1 to {MAX_INT32} "
+            "(Triton reads an instance group's count as a signed 32-bit integer)."
+        )
     dynamic_shapes = any(-1 in t.shape for t in m.inputs)
     per_copy = len(m.profiles) // max(m.streams, 1) if m.profiles else 0
     if dynamic_shapes and opts.instances > max(m.streams, 1):
@@ -221,13 +226,13 @@ def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int
         _tensor_block("input", m.inputs, batched),
         _tensor_block("output", m.outputs, batched),
     ]
-    groups = []
-    for i in range(opts.instances):
-        profiles = (
-            ", ".join(f'"{p}"' for p in range(i * per_copy, (i + 1) * per_copy)) if dynamic_shapes else ""
-        )
-        prof = f"\n    profile: [ {profiles} ]" if profiles else ""
-        groups.append(f"  {{\n    count: 1\n    kind: KIND_GPU{prof}\n  }}")
+    if dynamic_shapes:  # one group per instance, each with its copy's profiles (at most --streams of them)
+        groups = []
+        for i in range(opts.instances):
+            profiles = ", ".join(f'"{p}"' for p in range(i * per_copy, (i + 1) * per_copy))
+            groups.append(f"  {{\n    count: 1\n    kind: KIND_GPU\n    profile: [ {profiles} ]\n  }}")
+    else:  # (a group per instance made --instances 10**9 a gigabyte-long loop and config)
+        groups = [f"  {{\n    count: {opts.instances}\n    kind: KIND_GPU\n  }}"]
     lines.append("instance_group [\n" + ",\n".join(groups) + "\n]\n")
     if dynamic:
         body = ""
