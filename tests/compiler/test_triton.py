@@ -506,3 +506,24 @@ def test_instances_of_a_static_engine_are_one_group(tmp_path: Path) -> None:
     assert main(argv) == 0
     cfg = _parse(tmp_path / "repo" / "m" / "config.pbtxt")
     assert cfg.max_batch_size == 0 and [(g.count, list(g.profile)) for g in cfg.instance_group] == [(5, [])]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"max_batch": -1}, r"--max-batch -1: expected a whole number >= 0"),
+        ({"max_batch": True}, r"--max-batch True: expected a whole number >= 0"),
+        ({"preferred_batch_sizes": [2.5]}, r"--preferred-batch-size \[2\.5\]: expected whole numbers"),
+    ],
+)
+def test_api_options_of_the_wrong_kind_are_user_errors(tmp_path: Path, options: dict, expected: str) -> None:
+    """Before: export_triton(max_batch=-1) wrote `max_batch_size: -1` (Triton refuses the model) and said
+    it validated it; max_batch=True and a preferred batch size of 2.5 were protobuf's ParseError."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+    from trtforge.compiler import triton
+    from trtforge.errors import UserError
+
+    eng = _engine(tmp_path)
+    with pytest.raises(UserError, match=expected):
+        triton.export_triton(eng, tmp_path / "repo", triton.TritonOptions(**options))
+    assert not (tmp_path / "repo").exists()

@@ -161,6 +161,13 @@ def pbtxt_string(text: str) -> str:
 def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int]:
     """config.pbtxt text for the engine described by `m`, and the max_batch_size used."""
     limit, why = _batch_limit(m)
+    if opts.max_batch is not None and (not is_int(opts.max_batch) or opts.max_batch < 0):
+        raise UserError(
+            f"--max-batch {opts.max_batch!r}: expected a whole number >= 0 (0 turns batching off)."
+        )
+    not_int = [b for b in opts.preferred_batch_sizes if not is_int(b)]
+    if not_int:
+        raise UserError(f"--preferred-batch-size {not_int!r}: expected whole numbers (batch sizes).")
     if opts.max_batch is None:
         max_batch = min(limit, MAX_INT32)  # (a profile may allow more than Triton can be told)
     elif opts.max_batch > MAX_INT32:
