@@ -760,6 +760,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         _triton("-o", "repo", "--instances", str(2**31)),
         r"--instances 2147483648 is out of range: expected a whole number from 1 to 2147483647",
     ),
+    # (before: written as "y\000z" and said to be validated)
+    "export-triton: a manifest's tensor name with a NUL": (
+        _triton_manifest('"name": "y"=>"name": "y\\u0000z"'),
+        r"output 'y\\x00z' of the engine's manifest holds a NUL character, which no TensorRT tensor name can",
+    ),
     "export-triton: an FP8 output names the dtypes Triton serves": (
         _triton_manifest('"dtype": "float32"=>"dtype": "float8_e4m3fn"'),
         r"input 'x' has dtype float8_e4m3fn, which Triton's TensorRT backend cannot serve \(it serves "

@@ -109,6 +109,12 @@ def _check_servable(kind: str, t: TensorSpec, batched: bool) -> None:
             "config.pbtxt needs for every tensor name; the manifest is corrupted: rebuild the engine with "
             "`trtforge compile`."
         )
+    if "\x00" in t.name:  # (TensorRT's names are C strings: Triton's backend would look up 'y' for 'y\0z')
+        raise UserError(
+            f"{kind} {t.name!r} of the engine's manifest holds a NUL character, which no TensorRT tensor "
+            "name can (Triton would look the tensor up by the name cut there); the manifest is corrupted: "
+            "rebuild the engine with `trtforge compile`."
+        )
     if t.dtype not in TRITON_DTYPES:
         raise UserError(
             f"{kind} '{t.name}' has dtype {t.dtype}, which Triton's TensorRT backend cannot serve "
