@@ -1,8 +1,11 @@
 """Export an engine to a Triton Inference Server model repository (tensorrt-facts.md §7).
 
-Writes `REPO/NAME/config.pbtxt` and `REPO/NAME/1/model.plan` from the engine's manifest, parsed first
-with tritonclient's model_config protobuf and checked against the manifest, into a directory staged
-beside the model's (`_fileio.staged_directory`) that then takes its place.
+Writes `REPO/NAME/config.pbtxt` and `REPO/NAME/VERSION/model.plan` (VERSION 1 by default) from the
+engine's manifest, parsed first with tritonclient's model_config protobuf and checked against the
+manifest, into a directory staged beside the model's (`_fileio.staged_directory`) that then takes its
+place. Into an existing model directory (without `force`) it adds only the version directory, staged the
+same way, and only when the model's config.pbtxt is the one this engine needs: Triton serves all the
+versions of a model with one config.
 """
 
 from __future__ import annotations
