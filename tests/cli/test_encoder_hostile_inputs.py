@@ -220,15 +220,16 @@ def _triton_manifest(edit: str, *argv: str) -> Setup:
     return setup
 
 
-def _triton_twice(first: list[str], second: list[str]) -> Setup:
-    """export-triton of a stand-in engine into repo with `first`, then (the command tested) `second`."""
+def _triton_twice(first: list[str], second: list[str], output: str = "repo") -> Setup:
+    """export-triton of a stand-in engine into repo with `first`, then (the command tested) into `output`
+    with `second`."""
 
     def setup(d: Path) -> list[str]:
         from trtforge.cli.main import main
 
         _engine(d)
         assert main(["export-triton", "m.engine", "-o", "repo", *first]) == 0
-        return ["export-triton", "m.engine", "-o", "repo", *second]
+        return ["export-triton", "m.engine", "-o", output, *second]
 
     return setup
 
@@ -806,6 +807,12 @@ CASES: dict[str, tuple[Setup, str]] = {
     "export-triton: the default name (the engine's stem) with '..' inside": (
         _triton("-o", "repo", engine="m..int8.engine"),
         r"the model name \(the engine file's name; choose one with --name\) 'm\.\.int8' is not a valid",
+    ),
+    # (before: written to repo/m/m, a directory Triton never looks in, and the model repo/m left as it was)
+    "export-triton -o a model directory, not the repository": (
+        _triton_twice([], ["--name", "v2"], output="repo/m"),
+        r"-o 'repo/m' is a model directory \(it holds config\.pbtxt\), not a model repository: Triton would "
+        r"not find a model written inside it\. Give the repository that holds it, -o 'repo', with --name m",
     ),
     "export-triton --name over the filesystem limit": (
         _triton("-o", "repo", "--name", "n" * 300, "--no-validate"),

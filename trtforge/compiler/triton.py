@@ -363,6 +363,12 @@ def export_triton(
     repo = Path(repo)
     if repo.exists() and not repo.is_dir():
         raise UserError(f"repository '{show_path(repo)}' exists and is not a directory.")
+    if os.path.lexists(repo / "config.pbtxt"):  # (-o repo/bert: the model went to repo/bert/bert, unseen)
+        raise UserError(
+            f"-o '{show_path(repo)}' is a model directory (it holds config.pbtxt), not a model repository: "
+            f"Triton would not find a model written inside it. Give the repository that holds it, "
+            f"-o '{show_path(repo.parent)}', with --name {repo.name}, or another directory."
+        )
     target = repo / name
     check_name_length(target, "--name" if opts.name is not None else "the model directory")
     recover_staged_directory(target)  # an export killed mid-swap left the model aside: it goes back first
