@@ -527,3 +527,34 @@ def test_api_options_of_the_wrong_kind_are_user_errors(tmp_path: Path, options: 
     with pytest.raises(UserError, match=expected):
         triton.export_triton(eng, tmp_path / "repo", triton.TritonOptions(**options))
     assert not (tmp_path / "repo").exists()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):
+    """A 16 KiB tmpfs at tmp_path/mnt (root only; skipped elsewhere), unmounted afterwards."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mnt)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_read_only_or_full_repository_is_a_user_error(tmp_path: Path, small_tmpfs: Path, capsys) -> None:
+    """A repository on a read-only or full filesystem: exit 2 naming the path, and the filesystem as it was
+    (on a full one, the repository directory the export created is removed again)."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path / "e")
+    (small_tmpfs / "repo").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    _fails(["export-triton", str(eng), "-o", str(small_tmpfs / "repo")], capsys, "Read-only file system")
+    _fails(["export-triton", str(eng), "-o", str(small_tmpfs / "new")], capsys, "cannot create the model")
+    subprocess.run(["mount", "-o", "remount,rw", str(small_tmpfs)], check=True)
+    assert [p.name for p in small_tmpfs.iterdir()] == ["repo"] and not list((small_tmpfs / "repo").iterdir())
+    (small_tmpfs / "filler").write_bytes(b"x" * 12288)
+    _fails(["export-triton", str(eng), "-o", str(small_tmpfs / "new")], capsys, "No space left on device")
+    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["filler", "repo"]
