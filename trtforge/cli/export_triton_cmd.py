@@ -37,7 +37,11 @@ profile). Without --no-validate the config is parsed with tritonclient's protobu
     "--max-batch",
     type=click.IntRange(min=0),
     default=None,
-    help="max_batch_size (default: the largest batch every profile allows; 0 disables batching).",
+    help=(
+        "max_batch_size (default: the largest batch every profile allows; 0 disables batching). Triton "
+        "batches requests along axis 0 of every input and output: pass 0 for an engine where axis 0 is "
+        "not the batch everywhere (an output laid out [seq, batch, ...] would be split wrongly)."
+    ),
 )
 @click.option(
     "--instances",
