@@ -558,3 +558,22 @@ def test_a_read_only_or_full_repository_is_a_user_error(tmp_path: Path, small_tm
     (small_tmpfs / "filler").write_bytes(b"x" * 12288)
     _fails(["export-triton", str(eng), "-o", str(small_tmpfs / "new")], capsys, "No space left on device")
     assert sorted(p.name for p in small_tmpfs.iterdir()) == ["filler", "repo"]
+
+
+def test_tensor_names_needing_escapes_round_trip(tmp_path: Path) -> None:
+    """Tensor names with a quote, a backslash, a newline, a tab, DEL, non-ASCII letters, an emoji and
+    U+2028 are written as protobuf text-format string literals that parse back (tritonclient's
+    ModelConfig) to the very names the engine's manifest gives."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    names = ['in "q" \\ x\ny\tz\x7f', "é中😀\u2028s"]
+    manifest["inputs"][0]["name"] = names[0]
+    manifest["profiles"][0] = {names[0]: manifest["profiles"][0]["x"]}
+    manifest["outputs"][1]["name"] = names[1]
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "repo")]) == 0
+    cfg = _parse(tmp_path / "repo" / "m" / "config.pbtxt")
+    assert [t.name for t in cfg.input] == [names[0]]
+    assert [t.name for t in cfg.output] == ["y", names[1]]
