@@ -727,7 +727,7 @@ def try_lock(path: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> Iterator[Path]:
     """A new, empty directory beside `path` (in its parent, which must exist) to write the whole of
     `path`'s new contents into. When the block succeeds it takes `path`'s place: the old directory is
     renamed aside, the new one onto `path`, and the old one removed, SIGINT/SIGTERM held back for all
@@ -742,7 +742,11 @@ def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     while it writes (another's recovery leaves it alone), and swap one after the other under the parent's
     :func:`directory_lock`: the last to finish wins, whole. The parent is locked only for the recovery and
     the swap, never while the block writes, so readers and writers of other files there (an engine beside
-    a report being written) do not wait for it."""
+    a report being written) do not wait for it.
+
+    With `replace=False` an existing `path` is not replaced: the swap raises FileExistsError (the new
+    directory removed) when `path` exists by then, though it was missing when the caller looked (another
+    writer made it meanwhile), checked under the same lock as the swap."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     new = temp_name(p, f"new.{os.getpid()}.{threading.get_ident()}")
@@ -764,6 +768,8 @@ def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         with directory_lock([parent]), signals_deferred():
             old = temp_name(p, "old")
             had_old = os.path.lexists(p)
+            if had_old and not replace:
+                raise FileExistsError(errno.EEXIST, "made by another writer meanwhile", str(p))
             if had_old:
                 os.rename(p, old)
             try:

@@ -205,6 +205,35 @@ def _triton(*argv: str, engine: str = "m.engine") -> Setup:
     return setup
 
 
+def _triton_manifest(edit: str, *argv: str) -> Setup:
+    """export-triton -o repo `argv` of a stand-in engine whose manifest text has `edit` ("old=>new") made."""
+
+    def setup(d: Path) -> list[str]:
+        old, new = edit.split("=>")
+        _engine(d)
+        path = d / "m.engine.json"
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new))
+        return ["export-triton", "m.engine", "-o", "repo", *argv]
+
+    return setup
+
+
+def _triton_twice(first: list[str], second: list[str], output: str = "repo") -> Setup:
+    """export-triton of a stand-in engine into repo with `first`, then (the command tested) into `output`
+    with `second`."""
+
+    def setup(d: Path) -> list[str]:
+        from trtforge.cli.main import main
+
+        _engine(d)
+        assert main(["export-triton", "m.engine", "-o", "repo", *first]) == 0
+        return ["export-triton", "m.engine", "-o", output, *second]
+
+    return setup
+
+
 def _ids_mask_onnx(d: Path) -> Path:
     """input_ids[batch,seq] -> Gather(E[16,32]) -> MatMul(W[32,32]), times attention_mask[batch,seq]."""
     from tests.reports._tiny import token_model_onnx
@@ -702,6 +731,88 @@ CASES: dict[str, tuple[Setup, str]] = {
     "export-triton --name with a trailing space": (
         _triton("-o", "repo", "--name", "bert ", "--no-validate"),
         r"--name 'bert ' is not a valid model directory name: .* ending with a space",
+    ),
+    # (before: protobuf's ParseError, an internal error; with --no-validate UnicodeEncodeError)
+    "export-triton: a manifest's tensor name not UTF-8 (a lone surrogate)": (
+        _triton_manifest('"name": "y"=>"name": "y\\udc80"', "--no-validate"),
+        r"output 'y\\udc80' of the engine's manifest is not valid UTF-8 text, which Triton's config\.pbtxt "
+        r"needs for every tensor name",
+    ),
+    # (before: written as `name: ""` and said to be validated; Triton refuses it at load)
+    "export-triton: a manifest's tensor name empty": (
+        _triton_manifest('"name": "y"=>"name": ""'),
+        r"an output of the engine's manifest has an empty name, and Triton's config\.pbtxt needs a name",
+    ),
+    # (before: written as max_batch_size 2147483648, out of Triton's int32: protobuf's ParseError, an
+    # internal error; with --no-validate a config Triton refuses)
+    "export-triton --max-batch past int32": (
+        _triton_manifest(
+            '"max": [\n          32,=>"max": [\n          4294967296,', "--max-batch", "2147483648"
+        ),
+        r"--max-batch 2147483648 is out of range: Triton reads max_batch_size as a signed 32-bit integer, "
+        r"at most 2147483647",
+    ),
+    # (before: protobuf's ParseError 'Value out of range', an internal error)
+    "export-triton: a manifest's dimension past int64": (
+        _triton_manifest("        -1\n      ]=>        -1,\n        " + "9" * 20 + "\n      ]"),
+        r"output 's' has shape \[-1, 9{20}\] in the engine's manifest, a dimension past the signed 64-bit",
+    ),
+    "export-triton --instances past int32": (
+        _triton("-o", "repo", "--instances", str(2**31)),
+        r"--instances 2147483648 is out of range: expected a whole number from 1 to 2147483647",
+    ),
+    # (before: written as "y\000z" and said to be validated)
+    "export-triton: a manifest's tensor name with a NUL": (
+        _triton_manifest('"name": "y"=>"name": "y\\u0000z"'),
+        r"output 'y\\x00z' of the engine's manifest holds a NUL character, which no TensorRT tensor name can",
+    ),
+    "export-triton: an FP8 output names the dtypes Triton serves": (
+        _triton_manifest('"dtype": "float32"=>"dtype": "float8_e4m3fn"'),
+        r"input 'x' has dtype float8_e4m3fn, which Triton's TensorRT backend cannot serve \(it serves "
+        r"bfloat16, bool, float16, float32, int32, int64, int8, uint8\)",
+    ),
+    "export-triton --version 0 (Triton ignores a version directory '0')": (
+        _triton("-o", "repo", "--version", "0"),
+        r"Invalid value for '--version': 0 is not in the range x>=1",
+    ),
+    "export-triton --version -1": (
+        _triton("-o", "repo", "--version", "-1"),
+        r"Invalid value for '--version': -1 is not in the range x>=1",
+    ),
+    "export-triton --version 1.5": (
+        _triton("-o", "repo", "--version", "1.5"),
+        r"Invalid value for '--version': '1\.5' is not a valid integer",
+    ),
+    "export-triton --version past int64": (
+        _triton("-o", "repo", "--version", "9" * 20),
+        r"--version 9{20} is not a model version Triton serves: expected a whole number from 1 to "
+        r"9223372036854775807",
+    ),
+    "export-triton --version of a version the model has": (
+        _triton_twice(["--version", "3"], ["--version", "3"]),
+        r"model directory 'repo/m' already exists; pass --force to replace it \(with all its versions\), "
+        r"or --version N to add this engine as version N beside its version 3",
+    ),
+    "export-triton --version N of an engine needing another config.pbtxt": (
+        _triton_twice([], ["--version", "2", "--max-batch", "4"]),
+        r"model directory 'repo/m' already exists and has a config\.pbtxt unlike this engine's; Triton "
+        r"serves every version of a model with the one config\.pbtxt",
+    ),
+    # (before: written; Triton's ValidateModelName refuses '..' anywhere in a name it is asked to load)
+    "export-triton --name with '..' inside": (
+        _triton("-o", "repo", "--name", "bert..v2", "--no-validate"),
+        r"--name 'bert\.\.v2' is not a valid model directory name: expected printable UTF-8 text without "
+        r"'/' or '\.\.'",
+    ),
+    "export-triton: the default name (the engine's stem) with '..' inside": (
+        _triton("-o", "repo", engine="m..int8.engine"),
+        r"the model name \(the engine file's name; choose one with --name\) 'm\.\.int8' is not a valid",
+    ),
+    # (before: written to repo/m/m, a directory Triton never looks in, and the model repo/m left as it was)
+    "export-triton -o a model directory, not the repository": (
+        _triton_twice([], ["--name", "v2"], output="repo/m"),
+        r"-o 'repo/m' is a model directory \(it holds config\.pbtxt\), not a model repository: Triton would "
+        r"not find a model written inside it\. Give the repository that holds it, -o 'repo', with --name m",
     ),
     "export-triton --name over the filesystem limit": (
         _triton("-o", "repo", "--name", "n" * 300, "--no-validate"),

@@ -357,3 +357,223 @@ def test_a_missing_engine_is_named_missing(tmp_path: Path, capsys) -> None:
         "typo.engine' does not exist (nor its manifest",
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_a_version_is_added_beside_the_others(bert_engine: Path, tmp_path: Path, capsys) -> None:
+    """Before: there was no --version: every export wrote version 1, and the only way to put a new engine
+    in an existing model was --force, which deleted the model's other versions with it."""
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    config = (repo / "bert" / "config.pbtxt").read_bytes()
+    capsys.readouterr()
+    assert main(["export-triton", str(bert_engine), "-o", str(repo), "--version", "2"]) == 0
+    assert "wrote version 2 into" in capsys.readouterr().out
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == [
+        "bert",
+        "bert/1",
+        "bert/1/model.plan",
+        "bert/2",
+        "bert/2/model.plan",
+        "bert/config.pbtxt",
+    ]
+    assert (repo / "bert" / "2" / "model.plan").read_bytes() == bert_engine.read_bytes()
+    assert (repo / "bert" / "config.pbtxt").read_bytes() == config
+    # --force replaces the model directory whole, as --help says: only the version written is left
+    assert main(["export-triton", str(bert_engine), "-o", str(repo), "--version", "7", "--force"]) == 0
+    assert sorted(p.name for p in (repo / "bert").iterdir()) == ["7", "config.pbtxt"]
+
+
+def test_a_model_made_meanwhile_is_not_replaced_without_force(
+    bert_engine: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Before: the model directory was looked for before the model was written and never again, so a
+    model another export (or a person) put there meanwhile was replaced without --force, and both exports
+    said they wrote it. The swap now refuses, under the repository's lock, a directory there by then."""
+    from trtforge.compiler import triton
+
+    repo = tmp_path / "repo"
+    real = triton.write_synced
+
+    def write_then_race(path: Path, data: bytes) -> None:
+        real(path, data)
+        if path.name == "config.pbtxt":  # the new model staged: another one appears at its place
+            (repo / "bert" / "9").mkdir(parents=True)
+            (repo / "bert" / "9" / "model.plan").write_bytes(b"theirs")
+
+    monkeypatch.setattr(triton, "write_synced", write_then_race)
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 2
+    assert "error: model directory" in capsys.readouterr().err
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == [
+        "bert",
+        "bert/9",
+        "bert/9/model.plan",
+    ]
+
+
+def test_a_failed_export_removes_the_repository_it_made(bert_engine: Path, tmp_path: Path, monkeypatch):
+    """Before: a failed write (a full disk) left the repository directories the export had created,
+    empty, behind; the export now leaves the filesystem as it found it."""
+    import errno
+
+    from trtforge.compiler import triton
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(triton, "write_synced", full)
+    assert main(["export-triton", str(bert_engine), "-o", str(tmp_path / "a" / "repo")]) == 2
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()
+    assert main(["export-triton", str(bert_engine), "-o", str(tmp_path / "kept")]) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []
+
+
+def test_an_interrupted_version_add_leaves_the_model_as_it_was(
+    bert_engine: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """SIGTERM while `--version 2` writes its model.plan into an existing model: the model directory keeps
+    its version 1 and config.pbtxt, with no version 2 and nothing staged beside them."""
+    from trtforge.compiler import triton
+
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
+    real = triton.write_synced
+
+    def write_then_signal(path: Path, data: bytes) -> None:
+        real(path, data)
+        signal.raise_signal(signal.SIGTERM)
+
+    def stop(signum, frame):
+        raise SystemExit(143)
+
+    monkeypatch.setattr(triton, "write_synced", write_then_signal)
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit):
+            triton.export_triton(bert_engine, repo, triton.TritonOptions(version=2))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == before
+
+
+def test_every_manifest_dtype_is_mapped_to_a_triton_type_or_refused() -> None:
+    """Each dtype an engine's manifest can hold (BF16, FP8, INT8, bool, int64, ...) becomes a DataType that
+    Triton's ModelConfig has, or a one-paragraph refusal naming the tensor and the types Triton serves."""
+    from trtforge.compiler.triton import TRITON_DTYPES, _check_servable
+    from trtforge.core.backend import MANIFEST_DTYPES
+    from trtforge.core.tensor_spec import TensorSpec
+    from trtforge.errors import UserError
+
+    assert {"bfloat16", "int8", "bool", "int64", "float16", "float32"} <= set(TRITON_DTYPES)
+    for dtype in sorted(MANIFEST_DTYPES):
+        spec = TensorSpec(name="t", dtype=dtype, shape=[-1, 4])
+        if dtype in TRITON_DTYPES:
+            assert mc.DataType.Value(TRITON_DTYPES[dtype]) != mc.DataType.Value("TYPE_INVALID")
+            _check_servable("input", spec, batched=True)
+        else:
+            with pytest.raises(UserError, match=rf"input 't' has dtype {dtype}, .* \(it serves bfloat16,"):
+                _check_servable("input", spec, batched=True)
+
+
+def test_a_profile_batch_past_int32_is_served_at_triton_s_largest(tmp_path: Path) -> None:
+    """Before: an engine whose profiles allow batches of 2**31 or more got that as its max_batch_size, out of
+    the int32 Triton reads: protobuf's ParseError (an internal error), or with --no-validate a config
+    Triton refuses. The default is now the largest batch Triton can be told, 2**31 - 1."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    manifest["profiles"][0]["x"]["max"][0] = 2**32
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "repo")]) == 0
+    assert _parse(tmp_path / "repo" / "m" / "config.pbtxt").max_batch_size == 2**31 - 1
+
+
+def test_instances_of_a_static_engine_are_one_group(tmp_path: Path) -> None:
+    """Before: a static-shape engine got one instance group per instance, so --instances 10**9 ran a loop
+    of a billion groups (memory and time without end) for a config Triton reads as one group of that
+    count. It is one group now, `count: N`."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    for t in [*manifest["inputs"], *manifest["outputs"]]:
+        t["shape"][0] = 4
+    manifest["profiles"] = []
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    argv = ["export-triton", str(eng), "-o", str(tmp_path / "repo"), "--instances", "5"]
+    assert main(argv) == 0
+    cfg = _parse(tmp_path / "repo" / "m" / "config.pbtxt")
+    assert cfg.max_batch_size == 0 and [(g.count, list(g.profile)) for g in cfg.instance_group] == [(5, [])]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"max_batch": -1}, r"--max-batch -1: expected a whole number >= 0"),
+        ({"max_batch": True}, r"--max-batch True: expected a whole number >= 0"),
+        ({"preferred_batch_sizes": [2.5]}, r"--preferred-batch-size \[2\.5\]: expected whole numbers"),
+    ],
+)
+def test_api_options_of_the_wrong_kind_are_user_errors(tmp_path: Path, options: dict, expected: str) -> None:
+    """Before: export_triton(max_batch=-1) wrote `max_batch_size: -1` (Triton refuses the model) and said
+    it validated it; max_batch=True and a preferred batch size of 2.5 were protobuf's ParseError."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+    from trtforge.compiler import triton
+    from trtforge.errors import UserError
+
+    eng = _engine(tmp_path)
+    with pytest.raises(UserError, match=expected):
+        triton.export_triton(eng, tmp_path / "repo", triton.TritonOptions(**options))
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):
+    """A 16 KiB tmpfs at tmp_path/mnt (root only; skipped elsewhere), unmounted afterwards."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mnt)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_read_only_or_full_repository_is_a_user_error(tmp_path: Path, small_tmpfs: Path, capsys) -> None:
+    """A repository on a read-only or full filesystem: exit 2 naming the path, and the filesystem as it was
+    (on a full one, the repository directory the export created is removed again)."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path / "e")
+    (small_tmpfs / "repo").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    _fails(["export-triton", str(eng), "-o", str(small_tmpfs / "repo")], capsys, "Read-only file system")
+    _fails(["export-triton", str(eng), "-o", str(small_tmpfs / "new")], capsys, "cannot create the model")
+    subprocess.run(["mount", "-o", "remount,rw", str(small_tmpfs)], check=True)
+    assert [p.name for p in small_tmpfs.iterdir()] == ["repo"] and not list((small_tmpfs / "repo").iterdir())
+    (small_tmpfs / "filler").write_bytes(b"x" * 12288)
+    _fails(["export-triton", str(eng), "-o", str(small_tmpfs / "new")], capsys, "No space left on device")
+    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["filler", "repo"]
+
+
+def test_tensor_names_needing_escapes_round_trip(tmp_path: Path) -> None:
+    """Tensor names with a quote, a backslash, a newline, a tab, DEL, non-ASCII letters, an emoji and
+    U+2028 are written as protobuf text-format string literals that parse back (tritonclient's
+    ModelConfig) to the very names the engine's manifest gives."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    names = ['in "q" \\ x\ny\tz\x7f', "é中😀\u2028s"]
+    manifest["inputs"][0]["name"] = names[0]
+    manifest["profiles"][0] = {names[0]: manifest["profiles"][0]["x"]}
+    manifest["outputs"][1]["name"] = names[1]
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "repo")]) == 0
+    cfg = _parse(tmp_path / "repo" / "m" / "config.pbtxt")
+    assert [t.name for t in cfg.input] == [names[0]]
+    assert [t.name for t in cfg.output] == ["y", names[1]]

@@ -9,10 +9,21 @@ Examples:
   trtforge export-triton bert.engine -o model_repository
   trtforge export-triton bert.engine -o repo --name bert --max-batch 16 \\
       --instances 2 --preferred-batch-size 8 --max-queue-delay-us 100
+  trtforge export-triton bert-v2.engine -o repo --name bert --version 2
 \b
-Writes REPO/NAME/config.pbtxt and REPO/NAME/1/model.plan. Concurrent instances of a
-dynamic-shape engine need one optimization profile each: build with
-`trtforge compile --streams N` and pass --instances N (each instance gets its own profile).
+Writes REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.plan (VERSION 1 unless
+--version), then prints the config. An existing REPO/NAME is replaced only with --force
+(whole: every version goes). Without it the engine is added as a new VERSION beside the
+versions there when the config.pbtxt it needs is the one there (Triton serves every
+version of a model with one config, and by default only the highest); else the export is
+refused. The model or version appears complete or not at all: a failed or interrupted
+export leaves the repository as it was. Triton must run the engine's TensorRT version on
+a GPU of the compute capability it was built for.
+\b
+Concurrent instances of a dynamic-shape engine need one optimization profile each: build
+with `trtforge compile --streams N` and pass --instances N (each instance gets its own
+profile). Without --no-validate the config is parsed with tritonclient's protobuf
+(pip install "tritonclient[grpc]").
 """
 
 
@@ -26,7 +37,11 @@ dynamic-shape engine need one optimization profile each: build with
     "--max-batch",
     type=click.IntRange(min=0),
     default=None,
-    help="max_batch_size (default: the largest batch every profile allows; 0 disables batching).",
+    help=(
+        "max_batch_size (default: the largest batch every profile allows; 0 disables batching). Triton "
+        "batches requests along axis 0 of every input and output: pass 0 for an engine where axis 0 is "
+        "not the batch everywhere (an output laid out [seq, batch, ...] would be split wrongly)."
+    ),
 )
 @click.option(
     "--instances",
@@ -54,7 +69,14 @@ dynamic-shape engine need one optimization profile each: build with
     show_default=True,
     help="Dynamic batcher: microseconds a request may wait for others to batch with.",
 )
-@click.option("--force", is_flag=True, help="Replace an existing model directory.")
+@click.option(
+    "--version",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Model version: the engine goes to REPO/NAME/VERSION/model.plan.",
+)
+@click.option("--force", is_flag=True, help="Replace an existing model directory (all its versions).")
 @click.option("--no-validate", is_flag=True, help="Skip parsing the config with tritonclient's protobuf.")
 def export_triton_cmd(
     engine: str,
@@ -65,10 +87,12 @@ def export_triton_cmd(
     dynamic_batching: bool | None,
     preferred: tuple[int, ...],
     max_queue_delay_us: int,
+    version: int,
     force: bool,
     no_validate: bool,
 ) -> None:
     """Export ENGINE (with its .engine.json manifest) as a Triton model."""
+    from trtforge._fileio import show_path
     from trtforge.compiler.triton import TritonOptions, export_triton
 
     result = export_triton(
@@ -83,8 +107,13 @@ def export_triton_cmd(
             max_queue_delay_us=max_queue_delay_us,
             force=force,
             validate=not no_validate,
+            version=version,
         ),
     )
     click.echo(result.config_text)
     state = "validated with tritonclient's model_config protobuf" if result.validated else "NOT validated"
-    click.secho(f"wrote {result.model_dir} (max_batch_size {result.max_batch_size}; {state})", fg="green")
+    if result.added_version:
+        where = f"version {result.version} into {show_path(result.model_dir)}, its config.pbtxt unchanged"
+    else:
+        where = show_path(result.model_dir)
+    click.secho(f"wrote {where} (max_batch_size {result.max_batch_size}; {state})", fg="green")

@@ -1,8 +1,11 @@
 """Export an engine to a Triton Inference Server model repository (tensorrt-facts.md §7).
 
-Writes `REPO/NAME/config.pbtxt` and `REPO/NAME/1/model.plan` from the engine's manifest, parsed first
-with tritonclient's model_config protobuf and checked against the manifest, into a directory staged
-beside the model's (`_fileio.staged_directory`) that then takes its place.
+Writes `REPO/NAME/config.pbtxt` and `REPO/NAME/VERSION/model.plan` (VERSION 1 by default) from the
+engine's manifest, parsed first with tritonclient's model_config protobuf and checked against the
+manifest, into a directory staged beside the model's (`_fileio.staged_directory`) that then takes its
+place. Into an existing model directory (without `force`) it adds only the version directory, staged the
+same way, and only when the model's config.pbtxt is the one this engine needs: Triton serves all the
+versions of a model with one config.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from trtforge._fileio import (
     check_name_length,
+    directory_lock,
     os_error,
     recover_staged_directory,
     show_path,
@@ -26,7 +30,7 @@ from trtforge.core.manifest import (
     manifest_path_for,
     read_engine,
 )
-from trtforge.errors import UserError
+from trtforge.errors import UserError, is_int
 
 TRITON_DTYPES = {
     "float32": "TYPE_FP32",
@@ -38,7 +42,10 @@ TRITON_DTYPES = {
     "uint8": "TYPE_UINT8",
     "bool": "TYPE_BOOL",
 }
+MAX_INT32 = 2**31 - 1  # Triton's max_batch_size, preferred_batch_size and instance count are int32
+MAX_INT64 = 2**63 - 1  # Triton's dims
 MAX_UINT64 = 2**64 - 1  # Triton's max_queue_delay_microseconds is a uint64
+MAX_VERSION = 2**63 - 1  # Triton reads a version directory's name as an int64
 PIP_HINT = 'pip install "tritonclient[grpc]"   (or: pip install "trtforge[triton]")'
 
 
@@ -54,6 +61,7 @@ class TritonOptions:
     max_queue_delay_us: int = 0
     force: bool = False
     validate: bool = True
+    version: int = 1
 
 
 @dataclass
@@ -66,6 +74,8 @@ class TritonExport:
     config_text: str
     max_batch_size: int
     validated: bool
+    version: int = 1
+    added_version: bool = False  # True: a version added to an existing model (its config.pbtxt kept)
 
 
 def _batch_limit(m: Manifest) -> tuple[int, str]:
@@ -90,9 +100,29 @@ def _dims(spec: TensorSpec, batched: bool) -> list[int]:
 def _check_servable(kind: str, t: TensorSpec, batched: bool) -> None:
     """UserError for a tensor Triton's model configuration cannot describe (it checks dims are >= 1 or -1
     and refuses scalars in a model that does not batch)."""
+    if not t.name:  # (Triton refuses it at load: "must specify 'name'")
+        raise UserError(
+            f"an {kind} of the engine's manifest has an empty name, and Triton's config.pbtxt needs a name "
+            "for every input and output (it refuses the model at load otherwise); the manifest is "
+            "corrupted: rebuild the engine with `trtforge compile`."
+        )
+    if not _utf8(t.name):  # (a manifest edited by hand: JSON may spell a lone surrogate, \udc80)
+        raise UserError(
+            f"{kind} {t.name!r} of the engine's manifest is not valid UTF-8 text, which Triton's "
+            "config.pbtxt needs for every tensor name; the manifest is corrupted: rebuild the engine with "
+            "`trtforge compile`."
+        )
+    if "\x00" in t.name:  # (TensorRT's names are C strings: Triton's backend would look up 'y' for 'y\0z')
+        raise UserError(
+            f"{kind} {t.name!r} of the engine's manifest holds a NUL character, which no TensorRT tensor "
+            "name can (Triton would look the tensor up by the name cut there); the manifest is corrupted: "
+            "rebuild the engine with `trtforge compile`."
+        )
     if t.dtype not in TRITON_DTYPES:
         raise UserError(
-            f"{kind} '{t.name}' has dtype {t.dtype}, which Triton's TensorRT backend cannot serve."
+            f"{kind} '{t.name}' has dtype {t.dtype}, which Triton's TensorRT backend cannot serve "
+            f"(it serves {', '.join(sorted(TRITON_DTYPES))}). Rebuild the engine with that tensor in "
+            "one of these types."
         )
     if not t.shape and not batched:
         raise UserError(
@@ -104,6 +134,12 @@ def _check_servable(kind: str, t: TensorSpec, batched: bool) -> None:
         raise UserError(
             f"{kind} '{t.name}' has shape {list(t.shape)}: Triton accepts dimensions >= 1 or -1 (variable) "
             "only, so a model with an empty (zero-size) dimension cannot be described in config.pbtxt."
+        )
+    if any(d > MAX_INT64 for d in t.shape):  # (a manifest edited by hand: TensorRT's dims are int64)
+        raise UserError(
+            f"{kind} '{t.name}' has shape {list(t.shape)} in the engine's manifest, a dimension past the "
+            f"signed 64-bit integers ({MAX_INT64}) that TensorRT and Triton's dims hold; the manifest is "
+            "corrupted: rebuild the engine with `trtforge compile`."
         )
 
 
@@ -134,8 +170,20 @@ def pbtxt_string(text: str) -> str:
 def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int]:
     """config.pbtxt text for the engine described by `m`, and the max_batch_size used."""
     limit, why = _batch_limit(m)
+    if opts.max_batch is not None and (not is_int(opts.max_batch) or opts.max_batch < 0):
+        raise UserError(
+            f"--max-batch {opts.max_batch!r}: expected a whole number >= 0 (0 turns batching off)."
+        )
+    not_int = [b for b in opts.preferred_batch_sizes if not is_int(b)]
+    if not_int:
+        raise UserError(f"--preferred-batch-size {not_int!r}: expected whole numbers (batch sizes).")
     if opts.max_batch is None:
-        max_batch = limit
+        max_batch = min(limit, MAX_INT32)  # (a profile may allow more than Triton can be told)
+    elif opts.max_batch > MAX_INT32:
+        raise UserError(
+            f"--max-batch {opts.max_batch} is out of range: Triton reads max_batch_size as a signed 32-bit "
+            f"integer, at most {MAX_INT32}."
+        )
     elif opts.max_batch > limit:
         reason = f" ({why})" if why else ""
         raise UserError(
@@ -174,6 +222,11 @@ def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int
     bad_pref = [b for b in opts.preferred_batch_sizes if not 1 <= b <= max_batch]
     if bad_pref:
         raise UserError(f"--preferred-batch-size {bad_pref} outside 1..{max_batch} (the max batch size).")
+    if not is_int(opts.instances) or not 1 <= opts.instances <= MAX_INT32:
+        raise UserError(
+            f"--instances {opts.instances!r} is out of range: expected a whole number from 1 to {MAX_INT32} "
+            "(Triton reads an instance group's count as a signed 32-bit integer)."
+        )
     dynamic_shapes = any(-1 in t.shape for t in m.inputs)
     per_copy = len(m.profiles) // max(m.streams, 1) if m.profiles else 0
     if dynamic_shapes and opts.instances > max(m.streams, 1):
@@ -189,13 +242,13 @@ def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int
         _tensor_block("input", m.inputs, batched),
         _tensor_block("output", m.outputs, batched),
     ]
-    groups = []
-    for i in range(opts.instances):
-        profiles = (
-            ", ".join(f'"{p}"' for p in range(i * per_copy, (i + 1) * per_copy)) if dynamic_shapes else ""
-        )
-        prof = f"\n    profile: [ {profiles} ]" if profiles else ""
-        groups.append(f"  {{\n    count: 1\n    kind: KIND_GPU{prof}\n  }}")
+    if dynamic_shapes:  # one group per instance, each with its copy's profiles (at most --streams of them)
+        groups = []
+        for i in range(opts.instances):
+            profiles = ", ".join(f'"{p}"' for p in range(i * per_copy, (i + 1) * per_copy))
+            groups.append(f"  {{\n    count: 1\n    kind: KIND_GPU\n    profile: [ {profiles} ]\n  }}")
+    else:  # (a group per instance made --instances 10**9 a gigabyte-long loop and config)
+        groups = [f"  {{\n    count: {opts.instances}\n    kind: KIND_GPU\n  }}"]
     lines.append("instance_group [\n" + ",\n".join(groups) + "\n]\n")
     if dynamic:
         body = ""
@@ -285,6 +338,7 @@ def export_triton(
         not name.strip()
         or name != name.strip()
         or "/" in name
+        or ".." in name  # (Triton refuses a model name holding '..' as a path traversal, on load requests)
         or name.startswith(".")
         or not name.isprintable()
         or not _utf8(name)
@@ -296,31 +350,119 @@ def export_triton(
         )
         raise UserError(
             f"{given} {name!r} is not a valid model directory name: expected printable UTF-8 text without "
-            "'/', not starting with '.' nor starting or ending with a space (Triton names the model by its "
-            "directory, and clients must spell it exactly)."
+            "'/' or '..', not starting with '.' nor starting or ending with a space (Triton names the model "
+            "by its directory, refuses '..' in a model name, and clients must spell it exactly)."
+        )
+    version = opts.version
+    if not is_int(version) or not 1 <= version <= MAX_VERSION:
+        raise UserError(
+            f"--version {version!r} is not a model version Triton serves: expected a whole number from 1 "
+            f"to {MAX_VERSION} (Triton ignores version directories that are not numbers or start with '0', "
+            "and reads the version as a signed 64-bit integer)."
         )
     repo = Path(repo)
     if repo.exists() and not repo.is_dir():
-        raise UserError(f"repository '{repo}' exists and is not a directory.")
+        raise UserError(f"repository '{show_path(repo)}' exists and is not a directory.")
+    if os.path.lexists(repo / "config.pbtxt"):  # (-o repo/bert: the model went to repo/bert/bert, unseen)
+        raise UserError(
+            f"-o '{show_path(repo)}' is a model directory (it holds config.pbtxt), not a model repository: "
+            f"Triton would not find a model written inside it. Give the repository that holds it, "
+            f"-o '{show_path(repo.parent)}', with --name {repo.name}, or another directory."
+        )
     target = repo / name
     check_name_length(target, "--name" if opts.name is not None else "the model directory")
     recover_staged_directory(target)  # an export killed mid-swap left the model aside: it goes back first
     _refuse_replacing_inputs(target, [engine, manifest_path_for(engine)])
-    if target.exists() and not opts.force:
-        raise UserError(f"model directory '{target}' already exists; pass --force to replace it.")
     text, max_batch = render_config(manifest, name, opts)
+    adding = os.path.lexists(target) and not opts.force
+    if adding:
+        _check_version_addable(target, version, text)
     validated = False
     if opts.validate:
         validate_config(text, manifest, max_batch)
         validated = True
+    plan = target / str(version) / "model.plan"
+    if adding:
+        _add_version(target, version, text, data)
+    else:
+        _write_model(repo, target, version, text, data, replace=opts.force)
+    return TritonExport(
+        target, target / "config.pbtxt", plan, text, max_batch, validated, version, added_version=adding
+    )
+
+
+def _exists(target: Path) -> UserError:
+    return UserError(
+        f"model directory '{show_path(target)}' already exists (another export made it meanwhile); pass "
+        "--force to replace it."
+    )
+
+
+def _check_version_addable(target: Path, version: int, text: str) -> None:
+    """UserError unless `target`, an existing model directory, can take version `version` with its
+    config.pbtxt as it is: the version is new and the config the same (Triton serves every version of a
+    model with one config.pbtxt, so an engine with other inputs, outputs or batching is another model)."""
+    where = show_path(target)
+    if not target.is_dir():
+        raise UserError(f"model directory '{where}' already exists and is not a directory; pass --force.")
+    vdir = target / str(version)
+    recover_staged_directory(vdir)
+    if os.path.lexists(vdir):
+        raise UserError(
+            f"model directory '{where}' already exists; pass --force to replace it (with all its versions), "
+            f"or --version N to add this engine as version N beside its version {version}."
+        )
+    try:
+        current = (target / "config.pbtxt").read_bytes()
+    except FileNotFoundError:
+        current = None
+    except OSError as e:
+        raise os_error(e, target / "config.pbtxt", "read") from e
+    if current != text.encode("utf-8"):
+        differs = "has no config.pbtxt" if current is None else "has a config.pbtxt unlike this engine's"
+        raise UserError(
+            f"model directory '{where}' already exists and {differs}; Triton serves every version of a "
+            f"model with the one config.pbtxt, so version {version} of this engine cannot be added beside "
+            "the others. Pass --force to replace the model directory and all its versions, or export "
+            "under another --name."
+        )
+
+
+def _add_version(target: Path, version: int, text: str, data: bytes) -> None:
+    """Write `target`/`version`/model.plan into the existing model directory, all or nothing; its
+    config.pbtxt is checked again, and the version made, under the repository's lock (the one an export
+    replacing the model directory takes), so the version lands beside the config it was checked with."""
+    with directory_lock([target.parent]):
+        _check_version_addable(target, version, text)
+        try:
+            with staged_directory(target / str(version), replace=False) as staging:
+                write_synced(staging / "model.plan", data)
+        except FileExistsError as e:
+            raise UserError(
+                f"version {version} of model directory '{show_path(target)}' was made meanwhile by another "
+                "export; pass --version N for a new version, or --force to replace the model directory."
+            ) from e
+
+
+def _write_model(repo: Path, target: Path, version: int, text: str, data: bytes, *, replace: bool) -> None:
+    """Write the model directory `target` whole (replacing an existing one only when `replace`); the
+    repository directories it creates are removed again when it fails."""
+    made = [d for d in (repo, *repo.parents) if not d.exists()]
     try:
         repo.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a repository path that cannot be created (read-only, /proc, no permission)
         raise os_error(e, repo, "create the model repository") from e
-    with staged_directory(target) as staging:  # (what a SIGKILL leaves beside it, the next export repairs)
-        (staging / "1").mkdir()
-        write_synced(staging / "1" / "model.plan", data)
-        write_synced(staging / "config.pbtxt", text.encode("utf-8"))
-    return TritonExport(
-        target, target / "config.pbtxt", target / "1" / "model.plan", text, max_batch, validated
-    )
+    try:
+        with staged_directory(target, replace=replace) as staging:  # (a SIGKILL's leftovers: next export)
+            (staging / str(version)).mkdir()
+            write_synced(staging / str(version) / "model.plan", data)
+            write_synced(staging / "config.pbtxt", text.encode("utf-8"))
+    except BaseException as e:
+        for d in made:  # (innermost first; one another export wrote into meanwhile is not empty: kept)
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        if isinstance(e, FileExistsError):
+            raise _exists(target) from e
+        raise
