@@ -677,7 +677,12 @@ def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) ->
     )
     draft.warm_up_mixed_attention()  # its prompt steps' attention compiled now, not mid-serve (CUDA)
     proposer = DraftModelProposer(draft, spec.num_tokens)
-    proposer.check_target(facts)
+    named = isinstance(spec.model, (str, os.PathLike))
+    name = f"'{os.fspath(spec.model)}'" if named else f"the {type(spec.model).__name__}"
+    try:  # (the refusal names the option, as the loader's do: a command words it as its flag)
+        proposer.check_target(facts, name)
+    except UserError as exc:
+        raise UserError(f"{DRAFT_REFUSAL}{exc}") from exc
     return proposer
 
 

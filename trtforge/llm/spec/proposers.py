@@ -215,13 +215,14 @@ class DraftModelProposer:
         self._written: dict[Hashable, list[int]] = {}
         self.target_vocab = f.vocab_size  # (check_target sets the target's, when larger)
 
-    def check_target(self, target: ExecutorFacts) -> None:
+    def check_target(self, target: ExecutorFacts, name: str = "the speculative draft model") -> None:
         """UserError unless the draft speaks the target's ids: the same vocabulary, or one padded to a
         size at most :data:`MAX_PADDING_GAP` smaller (Qwen2.5's 0.5B-3B models pad their shared
         tokenizer to 151,936 ids, the 7B-72B to 152,064). The target's size is kept: a smaller draft's
         distributions are widened to it, and target ids past the draft's vocabulary (padding ids no text
         tokenizes to) reach the draft as id 0. A draft of a shorter context than the target's
-        ``max_model_len`` gets a :class:`DraftContextWarning` (longer sequences go unspeculated)."""
+        ``max_model_len`` gets a :class:`DraftContextWarning` (longer sequences go unspeculated).
+        `name` is how the refusal names the draft (its path, where it has one)."""
         draft, vocab = self.executor.facts.vocab_size, target.vocab_size
         if draft > vocab or draft < vocab * (1 - MAX_PADDING_GAP):
             why = (
@@ -231,7 +232,7 @@ class DraftModelProposer:
                 "one padded to two sizes"
             )
             raise UserError(
-                f"speculative draft model has a vocabulary of {draft} tokens but the target's has {vocab}: "
+                f"{name} has a vocabulary of {draft} tokens but the target's has {vocab}: "
                 f"{why}. A draft model must share the target's tokenizer, with a vocabulary no larger than "
                 "the target's."
             )
