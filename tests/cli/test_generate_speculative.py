@@ -191,6 +191,23 @@ def trained_target_factory():
 
 
 @NEEDS_TRAINED
+@pytest.mark.parametrize(
+    "target",
+    [str(TARGET), "tests.cli.test_generate_speculative:trained_target_factory"],
+    ids=["dir", "factory"],
+)
+def test_a_draft_tokenizer_that_cannot_load_is_named_as_the_flag(capfd, tmp_path, target):
+    """Before: "error: cannot load the tokenizer in 'DIR' ...", as MODEL's own tokenizer's refusal reads."""
+    draft = draft_with_tokenizer(tmp_path / "draft", lambda tok: None)
+    (draft / "tokenizer.json").write_text('{"model": ')
+    argv = ["generate", target, *PROMPT, "--tokenizer", str(TARGET), "--speculative-model", str(draft)]
+    assert main(argv) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert f"error: --speculative-model: cannot load the tokenizer in '{draft}' (" in err, err
+
+
+@NEEDS_TRAINED
 def test_a_factory_target_is_compared_through_its_tokenizer_option(capfd, tmp_path):
     """A module:factory target has no directory to read a tokenizer from: --tokenizer names it, and the
     draft's is compared with that one (before: accepted, every proposal of the draft rejected)."""

@@ -60,10 +60,12 @@ def check_draft_tokenizer_option(spec: dict | None, tok: Any, tokenizer: str | N
     is compared with the draft's where the models load (:func:`trtforge.llm.text.check_draft_directories`),
     but the loader never sees --tokenizer, so without this a draft of another tokenizer ran, nearly every
     proposal rejected."""
+    from trtforge.cli._options import arguments_as_flags
     from trtforge.llm.text import check_draft_against, has_tokenizer
 
     if spec is not None and tok is not None and tokenizer is not None and not has_tokenizer(model):
-        check_draft_against(tok, f"--tokenizer {tokenizer}", spec.get("model"))
+        with arguments_as_flags():  # (a refusal of the draft's tokenizer names --speculative-model)
+            check_draft_against(tok, f"--tokenizer {tokenizer}", spec.get("model"))
 
 
 def _draft_source(model: str) -> str:

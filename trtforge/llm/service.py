@@ -23,7 +23,7 @@ from trtforge.llm.prompts import check_calib_prompts
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import MemoryStats
 from trtforge.llm.sched.scheduler import SchedulerConfig, SchedulerStats
-from trtforge.llm.spec.config import SpeculativeConfig
+from trtforge.llm.spec.config import DRAFT_REFUSAL, SpeculativeConfig
 from trtforge.llm.spec.proposers import Proposer
 
 EXECUTORS = ("auto", "onnxruntime", "tensorrt", "torch")
@@ -638,10 +638,6 @@ def _torch_dtype(dtype: Any) -> Any:
             f"or its name, got {shown(dtype)}."
         )
     return value
-
-
-# how a refusal of the draft model starts (a command words it as its flag, --speculative-model)
-DRAFT_REFUSAL = "speculative 'model' (the draft model): "
 
 
 def _load_draft(source: Any) -> Any:
