@@ -26,6 +26,24 @@ from trtforge.llm.sched.request import Sequence_
 MAX_PADDING_GAP = 0.01
 
 
+def check_draft_vocabulary(draft: int, target: int, name: str = "the speculative draft model") -> None:
+    """UserError unless logits `draft` wide can draft for logits `target` wide: the same width, or one at
+    most :data:`MAX_PADDING_GAP` narrower (see :meth:`DraftModelProposer.check_target`); `name` is how
+    the refusal names the draft."""
+    if target * (1 - MAX_PADDING_GAP) <= draft <= target:
+        return
+    why = (
+        "it could propose ids the target has no logits for"
+        if draft > target
+        else f"sizes that far apart (more than {MAX_PADDING_GAP:.0%}) are different tokenizers, not "
+        "one padded to two sizes"
+    )
+    raise UserError(
+        f"{name} has a vocabulary of {draft} tokens but the target's has {target}: {why}. A draft model "
+        "must share the target's tokenizer, with a vocabulary no larger than the target's."
+    )
+
+
 class DraftContextWarning(TrtforgeWarning):
     """The draft model's context is shorter than the target's: longer sequences are not speculated."""
 
@@ -223,19 +241,8 @@ class DraftModelProposer:
         tokenizes to) reach the draft as id 0. A draft of a shorter context than the target's
         ``max_model_len`` gets a :class:`DraftContextWarning` (longer sequences go unspeculated).
         `name` is how the refusal names the draft (its path, where it has one)."""
-        draft, vocab = self.executor.facts.vocab_size, target.vocab_size
-        if draft > vocab or draft < vocab * (1 - MAX_PADDING_GAP):
-            why = (
-                "it could propose ids the target has no logits for"
-                if draft > vocab
-                else f"sizes that far apart (more than {MAX_PADDING_GAP:.0%}) are different tokenizers, not "
-                "one padded to two sizes"
-            )
-            raise UserError(
-                f"{name} has a vocabulary of {draft} tokens but the target's has {vocab}: "
-                f"{why}. A draft model must share the target's tokenizer, with a vocabulary no larger than "
-                "the target's."
-            )
+        vocab = target.vocab_size
+        check_draft_vocabulary(self.executor.facts.vocab_size, vocab, name)
         self.target_vocab = vocab
         if self._max_len < target.max_model_len:
             warnings.warn(
