@@ -60,6 +60,26 @@ def test_a_draft_model_that_cannot_load_is_named_as_the_flag(capsys):
     assert "Traceback" not in err
 
 
+def larger_vocabulary_draft():
+    """A draft of 301 ids for the 300 of FACTORY's model: ids the target has no logits for."""
+    return tiny_model("llama", vocab_size=301), None
+
+
+def test_a_draft_of_another_vocabulary_is_named_as_the_flag(capsys, tmp_path):
+    """Before: 'speculative draft model has a vocabulary of 301 tokens ...' named neither
+    --speculative-model nor the draft given; as the loader's refusals do, it names both."""
+    for draft in ("tests.cli.test_generate_speculative:larger_vocabulary_draft", str(tmp_path / "draft")):
+        if draft.startswith("/"):
+            tiny_model("llama", vocab_size=301).save_pretrained(draft)
+        assert main(["generate", FACTORY, *ARGS, "--speculative-model", draft]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and "Traceback" not in out.err
+        assert (
+            f"error: --speculative-model: '{draft}' has a vocabulary of 301 tokens but the target's has 300: "
+            "it could propose ids the target has no logits for."
+        ) in out.err, out.err
+
+
 def test_self_drafting_accepts_every_greedy_proposal():
     """A draft identical to the target proposes exactly the target's greedy tokens: every one is
     accepted, so the draft's own pool is kept in step with the target's through every rollback."""
@@ -168,6 +188,23 @@ def trained_target_factory():
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(TARGET)), None
+
+
+@NEEDS_TRAINED
+@pytest.mark.parametrize(
+    "target",
+    [str(TARGET), "tests.cli.test_generate_speculative:trained_target_factory"],
+    ids=["dir", "factory"],
+)
+def test_a_draft_tokenizer_that_cannot_load_is_named_as_the_flag(capfd, tmp_path, target):
+    """Before: "error: cannot load the tokenizer in 'DIR' ...", as MODEL's own tokenizer's refusal reads."""
+    draft = draft_with_tokenizer(tmp_path / "draft", lambda tok: None)
+    (draft / "tokenizer.json").write_text('{"model": ')
+    argv = ["generate", target, *PROMPT, "--tokenizer", str(TARGET), "--speculative-model", str(draft)]
+    assert main(argv) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert f"error: --speculative-model: cannot load the tokenizer in '{draft}' (" in err, err
 
 
 @NEEDS_TRAINED

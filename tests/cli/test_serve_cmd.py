@@ -85,6 +85,22 @@ def test_a_draft_model_that_cannot_load_is_named_as_the_flag(capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.skipif(not TRAINED.is_dir(), reason=f"the trained model {TRAINED} is absent")
+def test_a_factory_targets_draft_is_compared_through_its_tokenizer_option(capsys, tmp_path):
+    """As generate does: a module:factory target's tokenizer is --tokenizer's, and a draft of another
+    tokenizer is refused before either model loads (before: the server started with it, every proposal
+    of the draft rejected)."""
+    from tests.cli.test_generate_speculative import draft_with_tokenizer, permute_regular_ids
+
+    draft = draft_with_tokenizer(tmp_path / "draft", permute_regular_ids)
+    argv = ["serve", "tests.cli.test_generate_speculative:trained_target_factory", "--port", "0"]
+    argv += ["--tokenizer", str(TRAINED), "--speculative-model", str(draft)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"and the target '--tokenizer {TRAINED}' have different tokenizers" in err, err
+    assert "Traceback" not in err
+
+
 def test_an_empty_chat_template_is_refused(tmp_path, capsys):
     empty = tmp_path / "chat.jinja"
     empty.write_text("  \n")

@@ -218,7 +218,7 @@ def arguments_as_flags() -> Iterator[None]:
             raise
         flags = flags_of(ctx.command)
         text = as_flags(e.args[0], flags)
-        from trtforge.llm.service import DRAFT_REFUSAL  # (the draft model's refusal names speculative=)
+        from trtforge.llm.spec.config import DRAFT_REFUSAL  # (the draft model's refusal names speculative=)
 
         if text.startswith(DRAFT_REFUSAL) and "speculative_model" in flags:
             text = f"{flags['speculative_model']}: {text.removeprefix(DRAFT_REFUSAL)}"

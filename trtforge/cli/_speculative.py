@@ -54,6 +54,20 @@ def speculative_config(method: str | None, model: str | None, num_tokens: int | 
     return spec
 
 
+def check_draft_tokenizer_option(spec: dict | None, tok: Any, tokenizer: str | None, model: str) -> None:
+    """The draft's tokenizer against ``--tokenizer DIR``'s where MODEL has none of its own (module:factory,
+    a directory without tokenizer files), before either model loads: a target directory's own tokenizer
+    is compared with the draft's where the models load (:func:`trtforge.llm.text.check_draft_directories`),
+    but the loader never sees --tokenizer, so without this a draft of another tokenizer ran, nearly every
+    proposal rejected."""
+    from trtforge.cli._options import arguments_as_flags
+    from trtforge.llm.text import check_draft_against, has_tokenizer
+
+    if spec is not None and tok is not None and tokenizer is not None and not has_tokenizer(model):
+        with arguments_as_flags():  # (a refusal of the draft's tokenizer names --speculative-model)
+            check_draft_against(tok, f"--tokenizer {tokenizer}", spec.get("model"))
+
+
 def _draft_source(model: str) -> str:
     """`model` if it can name a draft model (a directory, or module:factory); else a UserError naming
     --speculative-model, before the target model loads (the loader's message named neither the flag

@@ -8,7 +8,11 @@ from typing import Any
 
 import click
 
-from trtforge.cli._speculative import speculative_config, speculative_options
+from trtforge.cli._speculative import (
+    check_draft_tokenizer_option,
+    speculative_config,
+    speculative_options,
+)
 from trtforge.cli.torch_options import (
     executor_option,
     resolve_executor,
@@ -157,13 +161,7 @@ def generate_cmd(
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
     from trtforge.llm import SamplingParams, load
-    from trtforge.llm.text import (
-        check_draft_against,
-        check_text,
-        encode_prompt,
-        has_tokenizer,
-        model_tokenizer,
-    )
+    from trtforge.llm.text import check_text, encode_prompt, model_tokenizer
 
     if not prompt_ids and not prompts:
         raise UserError('give at least one prompt: --prompt-ids "1 2 3" or --prompt TEXT.')
@@ -217,9 +215,7 @@ def generate_cmd(
         lm_head_quantization=lm_head_quantization,
     )
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
-    if spec is not None and tok is not None and tokenizer is not None and not has_tokenizer(model):
-        # (a target directory with its own tokenizer is compared with the draft's where it loads)
-        check_draft_against(tok, f"--tokenizer {tokenizer}", spec.get("model"))
+    check_draft_tokenizer_option(spec, tok, tokenizer, model)
     with _load(load, model, executor, num_blocks, spec, torch_kw) as llm:
         _check_vocabulary(rows, len(prompt_ids), llm.executor.facts.input_vocab_size, tokenizer)
         _check_bias_vocabulary(logit_bias, llm.executor.facts.vocab_size)

@@ -8,7 +8,11 @@ from typing import Any
 
 import click
 
-from trtforge.cli._speculative import speculative_config, speculative_options
+from trtforge.cli._speculative import (
+    check_draft_tokenizer_option,
+    speculative_config,
+    speculative_options,
+)
 from trtforge.cli.torch_options import (
     executor_option,
     resolve_executor,
@@ -309,6 +313,7 @@ def serve_cmd(
         "gpu_memory_utilization": gpu_memory_utilization,
         "speculative": speculative_config(speculative_method, speculative_model, num_speculative_tokens),
     }
+    check_draft_tokenizer_option(sizes["speculative"], tok, tokenizer, model)
     torch_kw = torch_executor_kwargs(
         executor,
         quantization=quantization,

@@ -8,6 +8,7 @@ pool of its cache rows, one block of max_seq tokens per sequence.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import weakref
@@ -23,8 +24,8 @@ from trtforge.llm.prompts import check_calib_prompts
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import MemoryStats
 from trtforge.llm.sched.scheduler import SchedulerConfig, SchedulerStats
-from trtforge.llm.spec.config import SpeculativeConfig
-from trtforge.llm.spec.proposers import Proposer
+from trtforge.llm.spec.config import DRAFT_REFUSAL, SpeculativeConfig
+from trtforge.llm.spec.proposers import Proposer, check_draft_vocabulary
 
 EXECUTORS = ("auto", "onnxruntime", "tensorrt", "torch")
 
@@ -432,6 +433,7 @@ def from_pretrained(
     nn.Module is pickled to it), so the weights never gather in this process."""
     from trtforge.llm.executors.kv_cache import kv_cache_dtype_name
     from trtforge.llm.executors.torch_exec import MAX_STATIC_Q_LEN, TorchExecutor
+    from trtforge.llm.models.base import logits_width
     from trtforge.llm.models.loader import load_causal_lm, refuse_empty_path
     from trtforge.llm.quant import quantize_model
     from trtforge.llm.quant.apply import check_lm_head_quantization, check_quantization
@@ -500,6 +502,9 @@ def from_pretrained(
         check_draft_directories(model, spec.model)
         draft_lm = _load_draft(spec.model)
     lm = load_causal_lm(model)
+    if draft_lm is not None:  # before the pool and the executors (graph captures, on CUDA) are made
+        with _draft_refusal():
+            check_draft_vocabulary(logits_width(draft_lm), logits_width(lm), _draft_name(spec.model))
     if quantized:
         if device is not None or dtype is not None:
             lm.to(device=device, dtype=dtype)
@@ -640,20 +645,29 @@ def _torch_dtype(dtype: Any) -> Any:
     return value
 
 
-# how a refusal of the draft model starts (a command words it as its flag, --speculative-model)
-DRAFT_REFUSAL = "speculative 'model' (the draft model): "
+@contextlib.contextmanager
+def _draft_refusal() -> Iterator[None]:
+    """A UserError raised within, about the draft model, reworded to name the option (a command words
+    it as its flag, --speculative-model): the loader's message ("'/x' is not a model file nor ...") did
+    not say which of the two models it meant."""
+    try:
+        yield
+    except UserError as exc:
+        raise UserError(f"{DRAFT_REFUSAL}{exc}") from exc
+
+
+def _draft_name(model: Any) -> str:
+    """How a refusal names the draft model: its path, else its class."""
+    named = isinstance(model, (str, os.PathLike))
+    return f"'{os.fspath(model)}'" if named else f"the {type(model).__name__}"
 
 
 def _load_draft(source: Any) -> Any:
-    """The speculative draft model of `source` (:func:`load_causal_lm`), its refusal naming the option:
-    the loader's message ("'/x' is not a model file nor ...") did not say which of the two models it
-    meant."""
+    """The speculative draft model of `source` (:func:`load_causal_lm`), its refusal naming the option."""
     from trtforge.llm.models.loader import load_causal_lm
 
-    try:
+    with _draft_refusal():
         return load_causal_lm(source)
-    except UserError as exc:
-        raise UserError(f"{DRAFT_REFUSAL}{exc}") from exc
 
 
 def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) -> Proposer:
@@ -677,7 +691,8 @@ def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) ->
     )
     draft.warm_up_mixed_attention()  # its prompt steps' attention compiled now, not mid-serve (CUDA)
     proposer = DraftModelProposer(draft, spec.num_tokens)
-    proposer.check_target(facts)
+    with _draft_refusal():
+        proposer.check_target(facts, _draft_name(spec.model))
     return proposer
 
 

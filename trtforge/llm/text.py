@@ -355,7 +355,7 @@ def check_draft_directories(target: Any, draft: Any) -> None:
         return
     from trtforge.llm.spec.tokenizers import check_draft_tokenizer
 
-    check_draft_tokenizer(load_tokenizer(target), load_tokenizer(draft), str(target), str(draft))
+    check_draft_tokenizer(load_tokenizer(target), _draft_tokenizer(draft), str(target), str(draft))
 
 
 def check_draft_against(target: Any, target_name: str, draft: Any) -> None:
@@ -364,7 +364,18 @@ def check_draft_against(target: Any, target_name: str, draft: Any) -> None:
     from trtforge.llm.spec.tokenizers import check_draft_tokenizer
 
     if isinstance(draft, (str, os.PathLike)) and has_tokenizer(draft):
-        check_draft_tokenizer(target, load_tokenizer(draft), target_name, str(draft))
+        check_draft_tokenizer(target, _draft_tokenizer(draft), target_name, str(draft))
+
+
+def _draft_tokenizer(draft: Any) -> Any:
+    """The draft directory's tokenizer, its refusal naming the option (the loader's "cannot load the
+    tokenizer in '...'" read as MODEL's own; a command words it as --speculative-model)."""
+    from trtforge.llm.spec.config import DRAFT_REFUSAL
+
+    try:
+        return load_tokenizer(draft)
+    except UserError as exc:
+        raise UserError(f"{DRAFT_REFUSAL}{exc}") from exc
 
 
 def _same_tokenizer_files(a: Any, b: Any) -> bool:

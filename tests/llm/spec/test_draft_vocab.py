@@ -104,6 +104,25 @@ def test_a_larger_or_a_far_smaller_draft_vocabulary_is_refused(draft_vocab, mess
         draft.check_target(target.facts)
 
 
+def test_from_pretrained_refuses_a_draft_of_another_vocabulary_before_the_targets_executor(monkeypatch):
+    """Before: the refusal came from the proposer, after the target's pool was allocated and its
+    executor built (graphs captured, on CUDA); it names the option and the draft, and comes first."""
+    from trtforge.llm import from_pretrained
+    from trtforge.llm.executors import torch_exec
+
+    def built(*args, **kwargs):
+        raise AssertionError("the target's executor was built before the draft was checked")
+
+    monkeypatch.setattr(torch_exec, "TorchExecutor", built)
+    draft = tiny_model("llama", vocab_size=301)
+    with pytest.raises(UserError) as info:
+        from_pretrained(tiny_model("llama"), num_blocks=8, speculative={"method": "draft", "model": draft})
+    assert str(info.value).startswith(
+        "speculative 'model' (the draft model): the LlamaForCausalLM has a vocabulary of 301 tokens but "
+        "the target's has 300: it could propose ids the target has no logits for."
+    ), info.value
+
+
 def test_widened_distributions_sum_to_one_and_keep_the_drafts_values():
     draft = DraftModelProposer(_executor(tiny_model("llama", vocab_size=297)), 2)
     draft.target_vocab = 300

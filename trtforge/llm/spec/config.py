@@ -11,6 +11,8 @@ from trtforge.errors import UserError
 METHODS = ("ngram", "draft")
 SPECULATIVE_KEYS = ("method", "num_tokens", "model", "prompt_lookup_min", "prompt_lookup_max", "num_blocks")
 MAX_SPECULATIVE_TOKENS = 16
+# how a refusal of the draft model starts (a command words it as its flag, --speculative-model)
+DRAFT_REFUSAL = "speculative 'model' (the draft model): "
 
 
 # the keys of one method that the other never reads ("model" has its own messages): given, they were

@@ -26,6 +26,24 @@ from trtforge.llm.sched.request import Sequence_
 MAX_PADDING_GAP = 0.01
 
 
+def check_draft_vocabulary(draft: int, target: int, name: str = "the speculative draft model") -> None:
+    """UserError unless logits `draft` wide can draft for logits `target` wide: the same width, or one at
+    most :data:`MAX_PADDING_GAP` narrower (see :meth:`DraftModelProposer.check_target`); `name` is how
+    the refusal names the draft."""
+    if target * (1 - MAX_PADDING_GAP) <= draft <= target:
+        return
+    why = (
+        "it could propose ids the target has no logits for"
+        if draft > target
+        else f"sizes that far apart (more than {MAX_PADDING_GAP:.0%}) are different tokenizers, not "
+        "one padded to two sizes"
+    )
+    raise UserError(
+        f"{name} has a vocabulary of {draft} tokens but the target's has {target}: {why}. A draft model "
+        "must share the target's tokenizer, with a vocabulary no larger than the target's."
+    )
+
+
 class DraftContextWarning(TrtforgeWarning):
     """The draft model's context is shorter than the target's: longer sequences are not speculated."""
 
@@ -215,26 +233,16 @@ class DraftModelProposer:
         self._written: dict[Hashable, list[int]] = {}
         self.target_vocab = f.vocab_size  # (check_target sets the target's, when larger)
 
-    def check_target(self, target: ExecutorFacts) -> None:
+    def check_target(self, target: ExecutorFacts, name: str = "the speculative draft model") -> None:
         """UserError unless the draft speaks the target's ids: the same vocabulary, or one padded to a
         size at most :data:`MAX_PADDING_GAP` smaller (Qwen2.5's 0.5B-3B models pad their shared
         tokenizer to 151,936 ids, the 7B-72B to 152,064). The target's size is kept: a smaller draft's
         distributions are widened to it, and target ids past the draft's vocabulary (padding ids no text
         tokenizes to) reach the draft as id 0. A draft of a shorter context than the target's
-        ``max_model_len`` gets a :class:`DraftContextWarning` (longer sequences go unspeculated)."""
-        draft, vocab = self.executor.facts.vocab_size, target.vocab_size
-        if draft > vocab or draft < vocab * (1 - MAX_PADDING_GAP):
-            why = (
-                "it could propose ids the target has no logits for"
-                if draft > vocab
-                else f"sizes that far apart (more than {MAX_PADDING_GAP:.0%}) are different tokenizers, not "
-                "one padded to two sizes"
-            )
-            raise UserError(
-                f"speculative draft model has a vocabulary of {draft} tokens but the target's has {vocab}: "
-                f"{why}. A draft model must share the target's tokenizer, with a vocabulary no larger than "
-                "the target's."
-            )
+        ``max_model_len`` gets a :class:`DraftContextWarning` (longer sequences go unspeculated).
+        `name` is how the refusal names the draft (its path, where it has one)."""
+        vocab = target.vocab_size
+        check_draft_vocabulary(self.executor.facts.vocab_size, vocab, name)
         self.target_vocab = vocab
         if self._max_len < target.max_model_len:
             warnings.warn(
