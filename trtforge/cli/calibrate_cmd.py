@@ -149,20 +149,24 @@ def calibrate_cmd(
         tokenizer=tokenizer,
         what="--data",
     )
-    quantized, record = calibrate_model(
-        onnx_model,
-        dataset,
-        method=method,
-        percentile=percentile,
-        op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
-        exclude_nodes=tuple(exclude),
-        smoothquant=opts.smoothquant,
-        accuracy_target=opts.accuracy_target,
-        calib_cache=None if default_cache else str(cache_path),
-        only_real_tokens=real_tokens,
-        progress=not quiet,
-    )
-    with atomic_outputs():  # the model, its cache and the report appear together or not at all
+    # The model, its cache and the report appear together or not at all: a --calib-cache that does not
+    # exist yet is written by calibrate_model, staged here with the rest (before, it was renamed into
+    # place before the model was written, so an interrupted or failed write left a new cache beside the
+    # old model, or none, and the next run read it and skipped statistics).
+    with atomic_outputs():
+        quantized, record = calibrate_model(
+            onnx_model,
+            dataset,
+            method=method,
+            percentile=percentile,
+            op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
+            exclude_nodes=tuple(exclude),
+            smoothquant=opts.smoothquant,
+            accuracy_target=opts.accuracy_target,
+            calib_cache=None if default_cache else str(cache_path),
+            only_real_tokens=real_tokens,
+            progress=not quiet,
+        )
         if quantized.ByteSize() < EXTERNAL_DATA_THRESHOLD:
             atomic_write_bytes(out, quantized.SerializeToString())
         else:
