@@ -371,3 +371,81 @@ def test_npz_and_npy_files_are_known_by_their_content_or_an_upper_case_suffix(tm
     specs = [("x", np.dtype(np.float32), (-1, 4))]
     (batch,) = list(load_dataset(tmp_path / "x.data", specs))
     np.testing.assert_array_equal(batch["x"], arr["x"])
+
+
+def _header_only_npy(shape: tuple[int, ...]) -> bytes:
+    """A float32 .npy header declaring `shape`, followed by 64 bytes of data: what a hostile or truncated
+    file holds."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + b"\0" * 64
+
+
+@pytest.mark.parametrize("compression", ["stored", "deflated"])
+def test_a_header_declaring_more_data_than_the_file_holds_is_refused_before_allocating(tmp_path, compression):
+    """Before: a compressed member declaring 10**12 samples was believed until its samples were indexed or
+    allocated (numpy's MemoryError, an internal error), and a stored one was numpy.memmap's 'mmap length
+    is greater than file size'."""
+    import zipfile
+
+    mode = zipfile.ZIP_DEFLATED if compression == "deflated" else zipfile.ZIP_STORED
+    with zipfile.ZipFile(tmp_path / "c.npz", "w", compression=mode) as z:
+        z.writestr("x.npy", _header_only_npy((10**12, 4)))
+    (tmp_path / "c.npy").write_bytes(_header_only_npy((10**12, 4)))
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    for name, what in (("c.npz", "member 'x.npy'"), ("c.npy", "its header")):
+        for samples in (None, 4):
+            with pytest.raises(
+                UserError,
+                match=rf"'.*{name}'.*{what} declares a float32 array of shape "
+                r"\[1000000000000, 4\] \(16,000,000,000,000 bytes\) but holds 64 bytes",
+            ):
+                load_dataset(tmp_path / name, specs, max_samples=samples)
+
+
+def test_samples_of_no_bytes_declared_by_the_trillion_are_not_indexed_whole(tmp_path):
+    """A [10**12, 0] array holds no bytes, so its size is no bound on its sample count: the samples used
+    are indexed, not all that the header declares (before: np.arange(10**12), numpy's MemoryError)."""
+    import zipfile
+
+    buf = _header_only_npy((10**12, 0))[:-64]
+    with zipfile.ZipFile(tmp_path / "c.npz", "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x.npy", buf)
+    specs = [("x", np.dtype(np.float32), ("b", "n"))]
+    assert load_dataset(tmp_path / "c.npz", specs, max_samples=4).num_samples == 4
+    with pytest.raises(UserError, match=r"holds 1,000,000,000,000 samples, too many to index .* --samples N"):
+        load_dataset(tmp_path / "c.npz", specs)
+
+
+@pytest.mark.parametrize("layout", ["c.npz", "c.npy", "dir/a.npz", "dir/x.npy"])
+def test_a_pipe_named_like_an_array_file_is_refused_not_waited_on(tmp_path, layout):
+    """Before: the reader opened the pipe and waited for a writer forever (a .npz or .npy is read by
+    seeking, so a pipe could never have served). The load runs in a thread so that, were it to block, the
+    test fails instead of hanging; the pipe is then opened for writing to release it."""
+    import os
+    import threading
+
+    path = tmp_path / layout
+    path.parent.mkdir(exist_ok=True)
+    os.mkfifo(path)
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_dataset(tmp_path / layout.split("/")[0], specs)
+        except BaseException as e:  # (handed to the test's thread)
+            errors.append(e)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(10)
+    blocked = t.is_alive()
+    if blocked:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # (a reader is waiting: this cannot fail)
+        t.join(10)
+    assert not blocked, "the reader waited on the pipe"
+    assert isinstance(errors[0], UserError)
+    assert f"calibration array file '{path}' is not a regular file (a pipe or device?)" in str(errors[0])

@@ -281,11 +281,17 @@ def load_dataset(
         n = sum(chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
     if n == 0:
         raise UserError(f"{what} {source} is empty: it holds no samples.")
-    order = np.arange(n)
-    if shuffle_seed is not None:
-        order = np.random.default_rng(shuffle_seed).permutation(n)
-    if max_samples is not None:
-        order = order[:max_samples]
+    try:  # (unshuffled, only the samples used are indexed: a file's header may declare 10**12 of them)
+        if shuffle_seed is not None:
+            order = np.random.default_rng(shuffle_seed).permutation(n)[:max_samples]
+        else:
+            order = np.arange(n if max_samples is None else min(n, max_samples))
+    except (MemoryError, ValueError) as e:  # (numpy: "array is too big" past its sizes)
+        raise UserError(
+            f"{what} {source} holds {n:,} samples, too many to index on this machine ({type(e).__name__}); "
+            "take a subset with a sample count (calibrate --samples N, compile --calib-samples N), "
+            "without --shuffle-seed."
+        ) from e
     if fixed_batch and len(order) < batch_size:
         raise UserError(
             f"the model has a static batch size {batch_size} but calibration data {source} has only "

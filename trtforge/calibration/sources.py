@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import math
 import os
 import struct
 import zipfile
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from trtforge._fileio import check_input_file
 from trtforge._usercode import load_callable, user_code
 from trtforge.core.tensor_spec import TensorSpec
 from trtforge.errors import UserError
@@ -258,11 +260,26 @@ def _npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     return tuple(int(d) for d in shape), bool(fortran), dtype
 
 
+def _check_declared_size(what: str, shape: tuple[int, ...], dtype: np.dtype, held: int) -> None:
+    """ValueError (the file's to fix) when the .npy header of `what` (a .npy file, a .npz member) declares
+    more data than it holds: a truncated file, or a header edited to claim a huge shape. Before: a
+    compressed member's shape was believed until its rows were allocated (a header claiming 10**12
+    samples: numpy's MemoryError, an internal error), and a stored one failed in numpy.memmap with 'mmap
+    length is greater than file size'."""
+    need = dtype.itemsize * math.prod(shape)  # (Python ints: no overflow)
+    if need > held:
+        raise ValueError(
+            f"{what} declares a {dtype} array of shape {list(shape)} ({need:,} bytes) but holds "
+            f"{max(held, 0):,} bytes of data: the file is truncated or its header is corrupted"
+        )
+
+
 def open_npz(path: Path, where: str | None = None) -> dict[str, Any]:
     """Every array of a .npz file without reading its data: an array stored as numpy.savez writes it is
     memory-mapped, a compressed one (savez_compressed) is a :class:`ZipMember`; never unpickling.
     UserError naming `where` (default: the file) for any way it cannot be read, as :func:`read_npz`."""
     where = where or f"'{path}'"
+    check_input_file(path, "calibration array file")  # (a pipe: opened, it waited for a writer forever)
     try:
         with open(path, "rb") as raw:
             if raw.read(6) == b"\x93NUMPY":
@@ -276,6 +293,7 @@ def open_npz(path: Path, where: str | None = None) -> dict[str, Any]:
                 with z.open(info) as f:
                     shape, fortran, dtype = _npy_header(f)
                     header = f.tell()
+                    _check_declared_size(f"member '{info.filename}'", shape, dtype, info.file_size - header)
                     if info.compress_type != zipfile.ZIP_STORED:
                         arrays[name] = ZipMember(path, info.filename, shape, dtype, fortran)
                         continue
@@ -352,8 +370,14 @@ def _take_rows(a: Any, rows: np.ndarray) -> np.ndarray:
 
 
 def _load_npy(path: Path) -> np.ndarray:
-    """One .npy array, memory-mapped; UserError naming the file when numpy cannot read it."""
+    """One .npy array, memory-mapped; UserError naming the file when numpy cannot read it, it is not a
+    regular file (a pipe: opened, it waited for a writer forever) or its header declares more data than
+    it holds."""
+    check_input_file(path, "calibration array file")
     try:
+        with open(path, "rb") as f:
+            shape, _, dtype = _npy_header(f)
+            _check_declared_size("its header", shape, dtype, os.fstat(f.fileno()).st_size - f.tell())
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise UserError(
