@@ -754,3 +754,31 @@ def test_onnx_runtime_refusing_calibration_data_prints_only_the_error(
     out, err = capfd.readouterr()
     assert "[E:onnxruntime" not in out + err and "onnxruntime_src" not in out + err, out + err
     assert (out + err).strip().startswith("error: ONNX Runtime rejected a batch"), out + err
+
+
+def test_an_endless_calibration_generator_of_empty_items_is_refused(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: items of 0 samples (a generator slicing past the end of its data) counted for nothing, so
+    one that never ended ran until memory ran out, --samples or not. Here the limit is lowered to 50 and
+    the generator yields 2000 empty items before its samples, so the old code finished instead."""
+    from trtforge.calibration import sources
+
+    monkeypatch.setattr(sources, "UNBOUNDED_SAMPLE_LIMIT", 50, raising=False)
+
+    def setup(d: Path) -> list[str]:
+        (d / "past_the_end.py").write_text(
+            "import numpy as np\n\ndef data():\n    for _ in range(2000):\n"
+            "        yield {'x': np.ones((0, 4), np.float32)}\n"
+            "    yield {'x': np.ones((8, 4), np.float32)}\n"
+        )
+        argv = [*_calibrate(1.0)(d)[:2], "--data", "past_the_end:data", "-o", "q.onnx", "--quiet"]
+        return [*argv, "--samples", "8"]
+
+    message = (
+        r"data function 'past_the_end:data' yielded more than 50 items holding no sample \(arrays whose "
+        r"first, sample axis has size 0\) and has not ended nor given 8 samples"
+    )
+    assert_exits_2_cleanly(setup, message, workdir, capfd)

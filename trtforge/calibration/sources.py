@@ -595,9 +595,21 @@ UNBOUNDED_SAMPLE_LIMIT = 100_000
 
 
 def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max_samples: int | None):
+    """The validated chunks of `items`, up to `max_samples` samples. An endless iterable is refused: past
+    UNBOUNDED_SAMPLE_LIMIT samples without a count, and past as many items of no sample at all (arrays
+    whose sample axis is 0: a generator slicing past the end of its data), count or not; before, such
+    items counted for nothing and the generator ran until memory ran out."""
     chunks: list[Chunk] = []
-    total = 0
+    total = empty = 0
     for k, item in enumerate(items):
+        if empty > UNBOUNDED_SAMPLE_LIMIT:
+            raise UserError(
+                f"{where} yielded more than {UNBOUNDED_SAMPLE_LIMIT} items holding no sample (arrays whose "
+                "first, sample axis has size 0) "
+                f"and has not ended{'' if max_samples is None else f' nor given {max_samples} samples'} (a "
+                "generator slicing past the end of its data?); give it an end, and items of at least one "
+                "sample each."
+            )
         if max_samples is None and total >= UNBOUNDED_SAMPLE_LIMIT:
             raise UserError(
                 f"{where} yielded more than {UNBOUNDED_SAMPLE_LIMIT} samples and has not ended (an endless "
@@ -615,6 +627,7 @@ def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max
         chunk = validate_chunk(raw, specs, f"{where} item {k}")
         chunks.append(chunk)
         total += chunk_len(chunk)
+        empty += chunk_len(chunk) == 0
         if max_samples is not None and total >= max_samples:
             break
     return chunks
