@@ -53,6 +53,21 @@ def _npy_named_npz(d: Path) -> list[str]:
     return ["calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx"]
 
 
+def _data_directory(*argv: str) -> Setup:
+    """calibrate the tiny model on directory dd of x.npy and a.npz, with `argv` and --force. Before: only a
+    --data file was an input outputs must not overwrite, so -o dd/x.npy replaced a data file with the
+    quantized model (exit 0), and the next run on dd failed on it."""
+
+    def setup(d: Path) -> list[str]:
+        tiny_onnx(d / "m.onnx")
+        (d / "dd").mkdir()
+        np.save(d / "dd" / "x.npy", np.ones((4, 4), np.float32))
+        np.savez(d / "dd" / "a.npz", x=np.ones((4, 4), np.float32))
+        return ["calibrate", "m.onnx", "--data", "dd", *argv, "--force"]
+
+    return setup
+
+
 def _wide_onnx(d: Path) -> Path:
     """x[B,4] -> MatMul(W[4,32]) -> h -> MatMul(W2[32,32]) -> y: mm2 is wide enough to quantize."""
     import onnx
@@ -433,6 +448,14 @@ CASES: dict[str, tuple[Setup, str]] = {
     ),
     "calibrate: a sparse initializer": (_edited_tiny(_sparse_weight, *CALIBRATE_TINY), SPARSE),
     "inspect: a sparse initializer": (_edited_tiny(_sparse_weight, "inspect", "m.onnx"), SPARSE),
+    "calibrate -o a file of the --data directory (--force)": (
+        _data_directory("-o", "dd/x.npy"),
+        r"-o 'dd/x\.npy' is the file 'x\.npy' of the --data directory 'dd' itself; writing it would destroy",
+    ),
+    "calibrate --report a file of the --data directory (--force)": (
+        _data_directory("-o", "q.onnx", "--report", "dd/a.npz"),
+        r"--report 'dd/a\.npz' is the file 'a\.npz' of the --data directory 'dd' itself",
+    ),
     "calibrate: a .npy file named .npz": (
         _npy_named_npz,
         r"'c\.npz' is a \.npy file \(one unnamed array \[4, 4\] float32\), not a \.npz; a \.npz names each "

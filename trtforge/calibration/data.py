@@ -31,6 +31,7 @@ from trtforge.calibration.sources import (
     Chunk,
     Part,
     array_file_kind,
+    array_files,
     chunk_len,
     from_iterable,
     guarded,
@@ -311,6 +312,21 @@ def load_dataset(
     )
 
 
+def data_files(spec: Any, what: str = "calibration data") -> dict[str, Path]:
+    """The files calibration data `spec` is read from, by how messages name them: the file itself, or a
+    directory's .npz/.npy files (its other files are not data). Outputs must not overwrite them (checked
+    with `trtforge._fileio.refuse_overwriting_inputs`); a module:function or in-memory data gives none."""
+    if not isinstance(spec, (str, os.PathLike)) or not os.fspath(spec).strip():
+        return {}
+    path = Path(spec)
+    if path.is_file():
+        return {what: path}
+    if path.is_dir():
+        npz, npy = array_files(path)
+        return {f"file '{p.name}' of the {what} directory '{spec}'": p for p in (*npz, *npy)}
+    return {}
+
+
 def _refuse_shuffling_a_stream(shuffle_seed: int | None, max_samples: int | None, where: str) -> None:
     """UserError when a seed would shuffle a stream that a sample count cuts short: --shuffle-seed with
     --samples N picks a random N of a file's samples, but a module:function or iterable (possibly endless)
@@ -363,6 +379,7 @@ __all__ = [
     "TEXT_MAX_LENGTH",
     "CalibrationDataset",
     "check_profile",
+    "data_files",
     "input_specs_from_model",
     "load_dataset",
     "rejected_data_is_user_error",

@@ -386,12 +386,17 @@ def _load_npy(path: Path) -> np.ndarray:
         ) from e
 
 
+def array_files(path: Path) -> tuple[list[Path], list[Path]]:
+    """(the .npz files, the .npy files) of data directory `path`, each sorted by name: what :func:`load_dir`
+    reads, and what a command's outputs must not overwrite."""
+    return sorted(path.glob("*.npz")), sorted(path.glob("*.npy"))
+
+
 def load_dir(path: Path, specs: list[TensorSpec], need: int | None = None) -> list[Part]:
     """The .npz files of directory `path` (sorted by name), then its .npy files (sorted; each its own part
     for a one-input model, else one part of `<input name>.npy` files), their shapes checked and their data
     not read. With `need`, files are opened in that order only until they hold `need` samples."""
-    npz = sorted(path.glob("*.npz"))
-    npy = sorted(path.glob("*.npy"))
+    npz, npy = array_files(path)
     if not npz and not npy:
         raise UserError(f"directory '{path}' holds no .npz or .npy files; expected calibration arrays.")
     parts: list[Part] = []

@@ -95,7 +95,7 @@ def calibrate_cmd(
     )
     from trtforge.calibration.api import calibrate_model
     from trtforge.calibration.cache import write_calibration_cache
-    from trtforge.calibration.data import input_specs_from_model, load_dataset
+    from trtforge.calibration.data import data_files, input_specs_from_model, load_dataset
     from trtforge.core.onnx_io import (
         EXTERNAL_DATA_THRESHOLD,
         check_model,
@@ -136,9 +136,8 @@ def calibrate_cmd(
     )
     outputs = {"-o": out, "the calibration cache": cache_path, "--report": report}
     check_distinct_outputs(outputs)
-    data_file = {"--data": data} if Path(data).is_file() else {}
     refuse_overwriting_inputs(
-        outputs | {"-o's external data file": f"{out}.data"}, model_files(model) | data_file
+        outputs | {"-o's external data file": f"{out}.data"}, model_files(model) | data_files(data, "--data")
     )
     dataset = load_dataset(
         data,
