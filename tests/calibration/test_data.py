@@ -449,3 +449,63 @@ def test_a_pipe_named_like_an_array_file_is_refused_not_waited_on(tmp_path, layo
     assert not blocked, "the reader waited on the pipe"
     assert isinstance(errors[0], UserError)
     assert f"calibration array file '{path}' is not a regular file (a pipe or device?)" in str(errors[0])
+
+
+def _zip_bytes(compression: int) -> bytes:
+    """A .npz of x [8, 4] float32 whose member is written with zip `compression`."""
+    import io
+    import zipfile
+
+    npy, out = io.BytesIO(), io.BytesIO()
+    np.save(npy, np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    with zipfile.ZipFile(out, "w", compression=compression) as z:
+        z.writestr("x.npy", npy.getvalue())
+    return out.getvalue()
+
+
+def _encrypted(raw: bytearray) -> None:
+    raw[6] |= 1  # (the encryption flag, in the local and the central header)
+    raw[raw.rfind(b"PK\x01\x02") + 8] |= 1
+
+
+def _method_99(raw: bytearray) -> None:
+    raw[8:10] = (99).to_bytes(2, "little")  # (WinZip's AES: a method zipfile does not read)
+    at = raw.rfind(b"PK\x01\x02") + 10
+    raw[at : at + 2] = (99).to_bytes(2, "little")
+
+
+def _corrupt_lzma(raw: bytearray) -> None:
+    for i in range(60, 140):
+        raw[i] ^= 0x5A
+
+
+@pytest.mark.parametrize(
+    ("compression", "spoil", "message"),
+    [
+        (0, _encrypted, r"ValueError: member 'x\.npy' is encrypted"),
+        (
+            0,
+            _method_99,
+            r"ValueError: member 'x\.npy' is compressed with zip method 99, which Python's zipfile "
+            r"cannot read",
+        ),
+        (14, _corrupt_lzma, r"LZMAError: Corrupt input data"),
+        (
+            0,
+            lambda raw: raw.__setitem__(slice(None), raw.replace(b"x.npy", b"x.pkl")),
+            "ValueError: a zip archive of no "
+            r"\.npy arrays \(1 other member\(s\): x\.pkl\)",
+        ),
+    ],
+    ids=["encrypted", "zip-method-99", "corrupt-lzma", "no-npy-member"],
+)
+def test_a_zip_numpy_cannot_read_is_named_not_an_internal_error(tmp_path, compression, spoil, message):
+    """Before: zipfile's RuntimeError (encrypted), NotImplementedError (method 99) and LZMAError were
+    internal errors (exit 1), and a zip of no .npy member (torch.save's, named .npz) said the data had the
+    input names []."""
+    raw = bytearray(_zip_bytes(compression))
+    spoil(raw)
+    (tmp_path / "c.npz").write_bytes(bytes(raw))
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    with pytest.raises(UserError, match=rf"'.*c\.npz' is not a readable \.npz file \({message}"):
+        load_dataset(tmp_path / "c.npz", specs)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from trtforge._fileio import check_input_file
-from trtforge._usercode import load_callable, user_code
+from trtforge._usercode import describe, load_callable, user_code
 from trtforge.core.tensor_spec import TensorSpec
 from trtforge.errors import UserError
 from trtforge.numerics.feeds import ML_FLOATS, check_finite
@@ -158,13 +158,21 @@ def _same_kind(got: np.dtype, want: np.dtype) -> bool:
     return kind(got) == kind(want)
 
 
-_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+try:  # (zipfile reads LZMA members where Python has lzma; a corrupt one raises its LZMAError)
+    from lzma import LZMAError
+except ImportError:  # pragma: no cover - a Python built without lzma
+    LZMAError = zlib.error  # type: ignore[misc,assignment]
+
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, LZMAError)
+
+#: the zip compression methods Python's zipfile reads (numpy.savez stores, savez_compressed deflates)
+_ZIP_METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
 
 
 def _unreadable_npz(where: str, e: BaseException) -> UserError:
     return UserError(
-        f"{where} is not a readable .npz file ({type(e).__name__}: {e}); expected "
-        "arrays written by numpy.savez, one per input name."
+        f"{where} is not a readable .npz file ({describe(e)}); expected arrays written by numpy.savez, one "
+        "per input name."
     )
 
 
@@ -286,10 +294,27 @@ def open_npz(path: Path, where: str | None = None) -> dict[str, Any]:
                 read_npz(path, where)  # (its refusal of a .npy named .npz, with the array's shape)
         arrays: dict[str, Any] = {}
         with zipfile.ZipFile(path) as z:
-            for info in z.infolist():
+            members = z.infolist()
+            if not any(info.filename.endswith(".npy") for info in members):
+                names = [info.filename for info in members]
+                raise ValueError(
+                    f"a zip archive of no .npy arrays ({len(names)} other member(s): "
+                    f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+                    if names
+                    else "an empty zip archive (no arrays)"
+                )
+            for info in members:
                 if not info.filename.endswith(".npy"):
                     continue
                 name = info.filename[: -len(".npy")]
+                # (zipfile's own refusals of these were a RuntimeError and a NotImplementedError)
+                if info.flag_bits & 0x1:
+                    raise ValueError(f"member '{info.filename}' is encrypted")
+                if info.compress_type not in _ZIP_METHODS:
+                    raise ValueError(
+                        f"member '{info.filename}' is compressed with zip method {info.compress_type}, "
+                        "which Python's zipfile cannot read"
+                    )
                 with z.open(info) as f:
                     shape, fortran, dtype = _npy_header(f)
                     header = f.tell()
@@ -353,7 +378,7 @@ def read_selected(
             chunk = {name: _take_rows(arrays[name], rows) for name in (s.name for s in specs)}
             chunks.append(check_values(chunk, specs, where))
         except _READ_ERRORS as e:
-            raise UserError(f"cannot read the samples of {where} ({type(e).__name__}: {e}).") from e
+            raise UserError(f"cannot read the samples of {where} ({describe(e)}).") from e
         new_order[used] = base + np.searchsorted(rows, row[used])
         base += len(rows)
     return chunks, new_order
@@ -379,10 +404,9 @@ def _load_npy(path: Path) -> np.ndarray:
             shape, _, dtype = _npy_header(f)
             _check_declared_size("its header", shape, dtype, os.fstat(f.fileno()).st_size - f.tell())
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except _READ_ERRORS as e:
         raise UserError(
-            f"'{path}' is not a readable .npy file ({type(e).__name__}: {e}); expected an array written by "
-            "numpy.save."
+            f"'{path}' is not a readable .npy file ({describe(e)}); expected an array written by numpy.save."
         ) from e
 
 
