@@ -269,6 +269,16 @@ def test_a_binary_file_is_not_taken_for_text(tmp_path, head):
         load_dataset(tmp_path / "m.onnx", SPECS, tokenizer="demo")
 
 
+@pytest.mark.parametrize("name", ["calib.bin", "s.txt"])
+@pytest.mark.parametrize("tokenizer", [None, "demo"])
+def test_an_empty_file_is_said_to_be_empty(tmp_path, name, tokenizer):
+    """Before: an empty file (a download that failed) was 'a text file: tokenizing it needs a tokenizer',
+    and with one, 'no non-empty lines'."""
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(UserError, match=rf"'.*{name}' is empty \(0 bytes\), not data: expected a \.npz"):
+        load_dataset(tmp_path / name, SPECS, tokenizer=tokenizer)
+
+
 def test_utf8_text_cut_inside_a_character_at_the_read_boundary_is_still_text(tmp_path):
     from trtforge.calibration.sources import _is_binary
 

@@ -572,6 +572,12 @@ def _is_binary_head(head: bytes) -> bool:
     return b"\0" in head
 
 
+_EXPECTED_DATA = (
+    "expected a .npz (one array per input name), a .npy, a directory of them, a UTF-8 text file of "
+    "sentences (with --tokenizer) or module:function."
+)
+
+
 def text_dataset(
     path: Path, specs: list[TensorSpec], tokenizer: Any, max_length: int
 ) -> tuple[list[str], Callable[[list[str]], Chunk]]:
@@ -581,12 +587,10 @@ def text_dataset(
     try:
         with open(path, "rb") as f:
             head = f.read(_HEAD_BYTES)
+            if not head:  # (before: 'a text file: tokenizing it needs a tokenizer', or 'no non-empty lines')
+                raise UserError(f"'{path}' is empty (0 bytes), not data: {_EXPECTED_DATA}")
             if _is_binary_head(head):
-                raise UserError(
-                    f"'{path}' is a binary file, not data: expected a .npz (one array per input name), a "
-                    ".npy, a directory of them, a UTF-8 text file of sentences (with --tokenizer) or "
-                    "module:function."
-                )
+                raise UserError(f"'{path}' is a binary file, not data: {_EXPECTED_DATA}")
             if tokenizer is None:
                 raise UserError(
                     f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
