@@ -456,6 +456,12 @@ CASES: dict[str, tuple[Setup, str]] = {
         _data_directory("-o", "q.onnx", "--report", "dd/a.npz"),
         r"--report 'dd/a\.npz' is the file 'a\.npz' of the --data directory 'dd' itself",
     ),
+    # (before: taken and ignored, exit 0)
+    "calibrate --tokenizer with array data": (
+        _data_directory("-o", "q.onnx", "--tokenizer", "demo"),
+        r"--tokenizer tokenizes a text file of sentences given as --data, and --data 'dd' is not one "
+        r"\(arrays or a module:function, read as they are\): nothing would read it\. Drop --tokenizer\.",
+    ),
     "calibrate: a .npy file named .npz": (
         _npy_named_npz,
         r"'c\.npz' is a \.npy file \(one unnamed array \[4, 4\] float32\), not a \.npz; a \.npz names each "

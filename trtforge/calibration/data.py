@@ -165,6 +165,11 @@ class CalibrationDataset:
                         for s in self.specs
                     }
 
+    @property
+    def tokenized(self) -> bool:
+        """Whether the samples are sentences tokenized per batch (a text file), not arrays."""
+        return self._sentences is not None
+
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary (source, samples, batch size)."""
         return {"source": self.source, "samples": self.num_samples, "batch_size": self.batch_size}

@@ -103,6 +103,7 @@ def calibrate_cmd(
         model_files,
         save_onnx_atomic,
     )
+    from trtforge.errors import UserError
     from trtforge.numerics.sessions import refuse_unloadable
 
     opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
@@ -148,6 +149,11 @@ def calibrate_cmd(
         tokenizer=tokenizer,
         what="--data",
     )
+    if tokenizer is not None and not dataset.tokenized:  # (it was taken and did nothing)
+        raise UserError(
+            f"--tokenizer tokenizes a text file of sentences given as --data, and --data '{data}' is not one "
+            "(arrays or a module:function, read as they are): nothing would read it. Drop --tokenizer."
+        )
     # The model, its cache and the report appear together or not at all: a --calib-cache that does not
     # exist yet is written by calibrate_model, staged here with the rest (before, it was renamed into
     # place before the model was written, so an interrupted or failed write left a new cache beside the
