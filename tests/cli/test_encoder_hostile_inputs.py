@@ -143,6 +143,20 @@ def _calib_cache(hex_scale: str) -> Setup:
     return setup
 
 
+def _calib_cache_pipe(d: Path) -> list[str]:
+    """calibrate the wide model with --calib-cache naming a pipe. Before: it exists, so it was read, and
+    the read waited for a writer forever (a device such as /dev/zero was read until memory ran out)."""
+    os.mkfifo(d / "c.cache")
+    return [*_calibrate(1.0)(d), "--calib-cache", "c.cache", "--no-smoothquant"]
+
+
+def _calib_cache_long_name(d: Path) -> list[str]:
+    """calibrate the wide model reading a cache that also names a tensor of 10,000 characters the model
+    does not have. Before: the message quoted the name whole."""
+    (d / "c.cache").write_text(f"TRT-8601-EntropyCalibration2\nh: 3c010204\n{'n' * 10_000}: 3c010204\n")
+    return [*_calibrate(1.0)(d), "--calib-cache", "c.cache", "--no-smoothquant"]
+
+
 def _engine(d: Path, name: str = "m.engine") -> Path:
     """A consistent stand-in engine + manifest pair at d/name (x[B,64] -> y, s; batch 1..32)."""
     from trtforge._fileio import sha256_bytes
@@ -637,6 +651,15 @@ CASES: dict[str, tuple[Setup, str]] = {
     "calibrate --calib-cache with a negative scale": (
         _calib_cache("bf800000"),
         r"tensor 'h' the scale -1\.0;",
+    ),
+    "calibrate --calib-cache a pipe": (
+        _calib_cache_pipe,
+        r"calibration cache 'c\.cache' is not a regular file \(a pipe or device\?\); expected a file\.",
+    ),
+    "calibrate --calib-cache naming a tensor of 10,000 characters": (
+        _calib_cache_long_name,
+        r"holds scales for 1 of its 2 tensors that this model does not have \(e\.g\. \['n{20,}…' "
+        r"\(10,000 characters\)\]\); it was written for another model",
     ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
