@@ -519,3 +519,17 @@ def test_a_zip_numpy_cannot_read_is_named_not_an_internal_error(tmp_path, compre
     specs = [("x", np.dtype(np.float32), (-1, 4))]
     with pytest.raises(UserError, match=rf"'.*c\.npz' is not a readable \.npz file \({message}"):
         load_dataset(tmp_path / "c.npz", specs)
+
+
+def test_keys_of_mixed_types_or_huge_size_are_named_in_a_bounded_message():
+    """A data function's dict may mix key types, and its keys may be huge or many. Before: sorting the names
+    for the message raised TypeError ('<' not supported between 'str' and 'int', an internal error), and a
+    key of a million characters or 100,000 keys were quoted whole."""
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(UserError, match=r"the data has \['x', 1\] \(unknown \[1\]\)\."):
+        load_dataset([{1: x, "x": x}], specs)
+    for item in ({"k" * 1_000_000: x}, {f"k{i}": x for i in range(100_000)}):
+        with pytest.raises(UserError, match=r"the data has \['k.*…") as e:
+            load_dataset([item], specs)
+        assert len(str(e.value)) < 1_000

@@ -22,7 +22,7 @@ import numpy as np
 from trtforge._fileio import check_input_file
 from trtforge._usercode import describe, load_callable, user_code
 from trtforge.core.tensor_spec import TensorSpec
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 from trtforge.numerics.feeds import ML_FLOATS, check_finite
 
 DEMO_TOKENIZER = "demo"
@@ -44,14 +44,16 @@ def check_structure(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_
     """Check names, kinds, ranks, static dims and equal sample counts: what each array's shape and dtype
     say, so a memory-mapped or compressed array is checked without reading its data."""
     expected = {s.name for s in specs}
-    missing = sorted(expected - set(chunk))
-    extra = sorted(set(chunk) - expected)
+    # (sorted by repr: a data function's dict may mix key types, {1: ..., 'x': ...}, which do not compare;
+    # shown: its keys may be a million characters long, or a hundred thousand of them)
+    missing = sorted(expected - set(chunk), key=repr)
+    extra = sorted(set(chunk) - expected, key=repr)
     if missing or (extra and not allow_extra):
         raise UserError(
-            f"{where}: input names do not match the model. The model expects {sorted(expected)}; "
-            f"the data has {sorted(chunk)}"
-            + (f" (missing {missing})" if missing else "")
-            + (f" (unknown {extra})" if extra else "")
+            f"{where}: input names do not match the model. The model expects {shown(sorted(expected))}; "
+            f"the data has {shown(sorted(chunk, key=repr))}"
+            + (f" (missing {shown(missing)})" if missing else "")
+            + (f" (unknown {shown(extra)})" if extra else "")
             + "."
         )
     n = None
