@@ -808,6 +808,33 @@ def test_onnx_runtime_refusing_calibration_data_prints_only_the_error(
     assert (out + err).strip().startswith("error: ONNX Runtime rejected a batch"), out + err
 
 
+def test_an_endless_calibration_generator_is_refused_short_of_a_huge_sample_count(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: --samples 10**18 lifted the endless-generator limit, so `while True: yield ...` ran until
+    memory ran out. Here the limit is lowered to 50 and the generator yields 2000 samples, so the old code
+    finished instead."""
+    from trtforge.calibration import sources
+
+    monkeypatch.setattr(sources, "UNBOUNDED_SAMPLE_LIMIT", 50, raising=False)
+
+    def setup(d: Path) -> list[str]:
+        (d / "endless_data.py").write_text(
+            "import numpy as np\n\ndef data():\n    for _ in range(2000):\n"
+            "        yield {'x': np.ones((1, 4), np.float32)}\n"
+        )
+        argv = [*_calibrate(1.0)(d)[:2], "--data", "endless_data:data", "-o", "q.onnx", "--quiet"]
+        return [*argv, "--samples", str(10**18)]
+
+    message = (
+        r"data function 'endless_data:data' yielded more than 50 samples, short of the 10{18} asked for, and "
+        r"has not ended .* N at most 50 \(calibrate --samples N"
+    )
+    assert_exits_2_cleanly(setup, message, workdir, capfd)
+
+
 def test_an_endless_calibration_generator_of_empty_items_is_refused(
     workdir: Path,  # noqa: F811
     capfd: pytest.CaptureFixture[str],

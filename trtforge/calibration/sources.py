@@ -624,16 +624,17 @@ def text_dataset(
     return sentences, tokenize
 
 
-# Samples an iterable may yield when no sample count was asked for: past it, an endless generator (the
-# user's `while True: yield ...`) is refused instead of running until memory runs out.
+# Samples an iterable may yield (without a sample count, or short of a larger one): past it, an endless
+# generator (the user's `while True: yield ...`) is refused instead of running until memory runs out.
 UNBOUNDED_SAMPLE_LIMIT = 100_000
 
 
 def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max_samples: int | None):
     """The validated chunks of `items`, up to `max_samples` samples. An endless iterable is refused: past
-    UNBOUNDED_SAMPLE_LIMIT samples without a count, and past as many items of no sample at all (arrays
-    whose sample axis is 0: a generator slicing past the end of its data), count or not; before, such
-    items counted for nothing and the generator ran until memory ran out."""
+    UNBOUNDED_SAMPLE_LIMIT samples short of the count (or without one: before, a count of 10**18 let an
+    endless generator run until memory ran out), and past as many items of no sample at all (arrays whose
+    sample axis is 0: a generator slicing past the end of its data), count or not; before, such items
+    counted for nothing and the generator ran until memory ran out."""
     chunks: list[Chunk] = []
     total = empty = 0
     for k, item in enumerate(items):
@@ -645,11 +646,12 @@ def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max
                 "generator slicing past the end of its data?); give it an end, and items of at least one "
                 "sample each."
             )
-        if max_samples is None and total >= UNBOUNDED_SAMPLE_LIMIT:
+        if total >= UNBOUNDED_SAMPLE_LIMIT:  # (a count this far has not been reached: the break below)
+            asked = "" if max_samples is None else f", short of the {max_samples} asked for,"
             raise UserError(
-                f"{where} yielded more than {UNBOUNDED_SAMPLE_LIMIT} samples and has not ended (an endless "
-                "generator?); give it an end, or take its first N samples (calibrate --samples N, compile "
-                "--calib-samples N, max_samples=N)."
+                f"{where} yielded more than {UNBOUNDED_SAMPLE_LIMIT} samples{asked} and has not ended (an "
+                "endless generator?); give it an end, or take its first N samples, N at most "
+                f"{UNBOUNDED_SAMPLE_LIMIT} (calibrate --samples N, compile --calib-samples N, max_samples=N)."
             )
         if not isinstance(item, dict):
             raise UserError(
