@@ -68,6 +68,16 @@ def _data_directory(*argv: str) -> Setup:
     return setup
 
 
+def _data_module_as_output(d: Path) -> list[str]:
+    """calibrate the wide model on module:function data with -o the module's own file. Before: a data
+    function's module was no input outputs must not overwrite, so --force replaced the user's code with
+    the quantized model."""
+    (d / "calib_data.py").write_text(
+        "import numpy as np\n\ndef data():\n    return [{'x': np.ones((4, 4), np.float32)}]\n"
+    )
+    return [*_calibrate(1.0)(d)[:2], "--data", "calib_data:data", "-o", "calib_data.py", "--force", "-q"]
+
+
 def _wide_onnx(d: Path) -> Path:
     """x[B,4] -> MatMul(W[4,32]) -> h -> MatMul(W2[32,32]) -> y: mm2 is wide enough to quantize."""
     import onnx
@@ -475,6 +485,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         _data_directory("-o", "q.onnx", "--tokenizer", "demo"),
         r"--tokenizer tokenizes a text file of sentences given as --data, and --data 'dd' is not one "
         r"\(arrays or a module:function, read as they are\): nothing would read it\. Drop --tokenizer\.",
+    ),
+    "calibrate -o the module file of a --data module:function (--force)": (
+        _data_module_as_output,
+        r"-o 'calib_data\.py' is the module file of the --data function 'calib_data:data' itself; writing "
+        r"it would destroy an input",
     ),
     "calibrate: a .npy file named .npz": (
         _npy_named_npz,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -318,9 +319,10 @@ def load_dataset(
 
 
 def data_files(spec: Any, what: str = "calibration data") -> dict[str, Path]:
-    """The files calibration data `spec` is read from, by how messages name them: the file itself, or a
-    directory's .npz/.npy files (its other files are not data). Outputs must not overwrite them (checked
-    with `trtforge._fileio.refuse_overwriting_inputs`); a module:function or in-memory data gives none."""
+    """The files calibration data `spec` is read from, by how messages name them: the file itself, a
+    directory's .npz/.npy files (its other files are not data), or a module:function's module file once
+    :func:`load_dataset` has imported it. Outputs must not overwrite them (checked with
+    `trtforge._fileio.refuse_overwriting_inputs`); in-memory data gives none."""
     if not isinstance(spec, (str, os.PathLike)) or not os.fspath(spec).strip():
         return {}
     path = Path(spec)
@@ -329,7 +331,9 @@ def data_files(spec: Any, what: str = "calibration data") -> dict[str, Path]:
     if path.is_dir():
         npz, npy = array_files(path)
         return {f"file '{p.name}' of the {what} directory '{spec}'": p for p in (*npz, *npy)}
-    return {}
+    module = sys.modules.get(os.fspath(spec).partition(":")[0].strip()) if ":" in os.fspath(spec) else None
+    source = getattr(module, "__file__", None)
+    return {f"module file of the {what} function '{spec}'": Path(source)} if source else {}
 
 
 def _refuse_shuffling_a_stream(shuffle_seed: int | None, max_samples: int | None, where: str) -> None:

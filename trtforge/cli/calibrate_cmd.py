@@ -137,9 +137,6 @@ def calibrate_cmd(
     )
     outputs = {"-o": out, "the calibration cache": cache_path, "--report": report}
     check_distinct_outputs(outputs)
-    refuse_overwriting_inputs(
-        outputs | {"-o's external data file": f"{out}.data"}, model_files(model) | data_files(data, "--data")
-    )
     dataset = load_dataset(
         data,
         input_specs_from_model(onnx_model),
@@ -154,6 +151,9 @@ def calibrate_cmd(
             f"--tokenizer tokenizes a text file of sentences given as --data, and --data '{data}' is not one "
             "(arrays or a module:function, read as they are): nothing would read it. Drop --tokenizer."
         )
+    refuse_overwriting_inputs(  # (after loading: a module:function's module file is known once imported)
+        outputs | {"-o's external data file": f"{out}.data"}, model_files(model) | data_files(data, "--data")
+    )
     # The model, its cache and the report appear together or not at all: a --calib-cache that does not
     # exist yet is written by calibrate_model, staged here with the rest (before, it was renamed into
     # place before the model was written, so an interrupted or failed write left a new cache beside the
