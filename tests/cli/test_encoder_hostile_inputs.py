@@ -68,6 +68,15 @@ def _data_directory(*argv: str) -> Setup:
     return setup
 
 
+def _compile_into_data_directory(d: Path) -> list[str]:
+    """compile --precision int8 of the tiny model calibrated on directory dd, -o dd/x.npy (--force).
+    Before: only a --calib-data file was an input, so the engine replaced dd's data file x.npy."""
+    tiny_onnx(d / "m.onnx")
+    (d / "dd").mkdir()
+    np.save(d / "dd" / "x.npy", np.ones((4, 4), np.float32))
+    return ["compile", "m.onnx", "--precision", "int8", "--calib-data", "dd", "-o", "dd/x.npy", "--force"]
+
+
 def _data_module_as_output(d: Path) -> list[str]:
     """calibrate the wide model on module:function data with -o the module's own file. Before: a data
     function's module was no input outputs must not overwrite, so --force replaced the user's code with
@@ -485,6 +494,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         _data_directory("-o", "q.onnx", "--tokenizer", "demo"),
         r"--tokenizer tokenizes a text file of sentences given as --data, and --data 'dd' is not one "
         r"\(arrays or a module:function, read as they are\): nothing would read it\. Drop --tokenizer\.",
+    ),
+    "compile -o a file of the --calib-data directory (--force)": (
+        _compile_into_data_directory,
+        r"-o \(engine\) 'dd/x\.npy' is the file 'x\.npy' of the --calib-data directory 'dd' itself",
     ),
     "calibrate -o the module file of a --data module:function (--force)": (
         _data_module_as_output,
