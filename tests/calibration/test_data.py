@@ -232,6 +232,21 @@ def test_static_batch_model_gets_full_batches_only(tmp_path):
         load_dataset(tmp_path / "d.npz", specs, max_samples=3)
 
 
+def test_a_static_batch_no_shape_of_the_samples_can_fill_is_refused_at_load(tmp_path):
+    """Samples of different shapes never share a batch, so with a static batch of 4 and 3 samples of each
+    of 3 shapes no batch forms. Before: all 9 were dropped, and calibration ran to blame 'no value at all
+    ... a zero-length axis'."""
+    specs = [("x", np.dtype(np.float32), (4, "seq"))]
+    for i, seq in enumerate((3, 5, 7)):
+        np.savez(tmp_path / f"{i}.npz", x=np.ones((3, seq), np.float32))
+    with pytest.raises(
+        UserError,
+        match=r"static batch size 4, and calibration data .* has no 4 samples of one shape to fill a batch "
+        r"\(samples of different shapes never share one\): its 9 samples come in 3 shapes, at most 3 of each",
+    ):
+        load_dataset(tmp_path, specs)
+
+
 def test_float_data_for_a_bfloat16_input_is_cast_and_a_scalar_input_is_refused(tmp_path):
     """Before: float32 data for a bfloat16 input was refused as 'not floating data' (ml_dtypes' kind is
     'V'), and a rank-0 model input crashed with an IndexError."""

@@ -306,7 +306,7 @@ def load_dataset(
         )
     if parts is not None:  # read the samples picked, and only those
         chunks, order = read_selected(parts, order, specs)
-    return CalibrationDataset(
+    dataset = CalibrationDataset(
         specs,
         source=source,
         batch_size=batch_size,
@@ -316,6 +316,15 @@ def load_dataset(
         order=order,
         fixed_batch=fixed_batch,
     )
+    if fixed_batch and len(dataset) == 0:  # (before: 'no value at all ... a zero-length axis', after a run)
+        groups = dataset._groups()
+        raise UserError(
+            f"the model has a static batch size {batch_size}, and calibration data {source} has no "
+            f"{batch_size} samples of one shape to fill a batch (samples of different shapes never share "
+            f"one): its {len(order)} samples come in {len(groups)} shapes, at most "
+            f"{max(len(g) for g in groups)} of each. Give at least {batch_size} samples of one shape."
+        )
+    return dataset
 
 
 def data_files(spec: Any, what: str = "calibration data") -> dict[str, Path]:
