@@ -72,3 +72,25 @@ def test_bad_data_exits_2_with_a_clear_message_and_no_output(tmp_path, model_pat
     assert rc == 2 and message in err and "bad.npz" in err
     assert not out.exists() and not out.with_suffix(".calib.cache").exists()
     assert "calibrating" not in err  # rejected before statistics started
+
+
+def test_an_interrupted_write_leaves_no_calib_cache_without_its_model(tmp_path, model_path, monkeypatch):
+    """--calib-cache PATH (not there yet) is written with the model, in one set of renames. Before:
+    calibrate_model renamed it into place first, so a Ctrl-C (or a failure) while the model was written
+    left a new cache beside no model, and the next run read it and skipped statistics."""
+    import trtforge._fileio
+
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((8, 4, 32)).astype(np.float32))
+    out, cache = tmp_path / "q.onnx", tmp_path / "my.cache"
+    argv = ["calibrate", str(model_path), "--data", str(tmp_path / "d.npz"), "-o", str(out), "-q"]
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trtforge._fileio, "atomic_write_bytes", interrupted)
+    assert main([*argv, "--calib-cache", str(cache)]) == 130
+    assert not out.exists() and not cache.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz", "mlp.onnx"]  # no staged files left
+    monkeypatch.undo()
+    assert main([*argv, "--calib-cache", str(cache)]) == 0
+    assert out.exists() and cache.read_text().startswith("TRT-")

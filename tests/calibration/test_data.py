@@ -232,6 +232,21 @@ def test_static_batch_model_gets_full_batches_only(tmp_path):
         load_dataset(tmp_path / "d.npz", specs, max_samples=3)
 
 
+def test_a_static_batch_no_shape_of_the_samples_can_fill_is_refused_at_load(tmp_path):
+    """Samples of different shapes never share a batch, so with a static batch of 4 and 3 samples of each
+    of 3 shapes no batch forms. Before: all 9 were dropped, and calibration ran to blame 'no value at all
+    ... a zero-length axis'."""
+    specs = [("x", np.dtype(np.float32), (4, "seq"))]
+    for i, seq in enumerate((3, 5, 7)):
+        np.savez(tmp_path / f"{i}.npz", x=np.ones((3, seq), np.float32))
+    with pytest.raises(
+        UserError,
+        match=r"static batch size 4, and calibration data .* has no 4 samples of one shape to fill a batch "
+        r"\(samples of different shapes never share one\): its 9 samples come in 3 shapes, at most 3 of each",
+    ):
+        load_dataset(tmp_path, specs)
+
+
 def test_float_data_for_a_bfloat16_input_is_cast_and_a_scalar_input_is_refused(tmp_path):
     """Before: float32 data for a bfloat16 input was refused as 'not floating data' (ml_dtypes' kind is
     'V'), and a rank-0 model input crashed with an IndexError."""
@@ -267,6 +282,16 @@ def test_a_binary_file_is_not_taken_for_text(tmp_path, head):
     (tmp_path / "m.onnx").write_bytes(head * 50)
     with pytest.raises(UserError, match=r"'.*m\.onnx' is a binary file, not data: expected a \.npz"):
         load_dataset(tmp_path / "m.onnx", SPECS, tokenizer="demo")
+
+
+@pytest.mark.parametrize("name", ["calib.bin", "s.txt"])
+@pytest.mark.parametrize("tokenizer", [None, "demo"])
+def test_an_empty_file_is_said_to_be_empty(tmp_path, name, tokenizer):
+    """Before: an empty file (a download that failed) was 'a text file: tokenizing it needs a tokenizer',
+    and with one, 'no non-empty lines'."""
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(UserError, match=rf"'.*{name}' is empty \(0 bytes\), not data: expected a \.npz"):
+        load_dataset(tmp_path / name, SPECS, tokenizer=tokenizer)
 
 
 def test_utf8_text_cut_inside_a_character_at_the_read_boundary_is_still_text(tmp_path):
@@ -371,3 +396,155 @@ def test_npz_and_npy_files_are_known_by_their_content_or_an_upper_case_suffix(tm
     specs = [("x", np.dtype(np.float32), (-1, 4))]
     (batch,) = list(load_dataset(tmp_path / "x.data", specs))
     np.testing.assert_array_equal(batch["x"], arr["x"])
+
+
+def _header_only_npy(shape: tuple[int, ...]) -> bytes:
+    """A float32 .npy header declaring `shape`, followed by 64 bytes of data: what a hostile or truncated
+    file holds."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + b"\0" * 64
+
+
+@pytest.mark.parametrize("compression", ["stored", "deflated"])
+def test_a_header_declaring_more_data_than_the_file_holds_is_refused_before_allocating(tmp_path, compression):
+    """Before: a compressed member declaring 10**12 samples was believed until its samples were indexed or
+    allocated (numpy's MemoryError, an internal error), and a stored one was numpy.memmap's 'mmap length
+    is greater than file size'."""
+    import zipfile
+
+    mode = zipfile.ZIP_DEFLATED if compression == "deflated" else zipfile.ZIP_STORED
+    with zipfile.ZipFile(tmp_path / "c.npz", "w", compression=mode) as z:
+        z.writestr("x.npy", _header_only_npy((10**12, 4)))
+    (tmp_path / "c.npy").write_bytes(_header_only_npy((10**12, 4)))
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    for name, what in (("c.npz", "member 'x.npy'"), ("c.npy", "its header")):
+        for samples in (None, 4):
+            with pytest.raises(
+                UserError,
+                match=rf"'.*{name}'.*{what} declares a float32 array of shape "
+                r"\[1000000000000, 4\] \(16,000,000,000,000 bytes\) but holds 64 bytes",
+            ):
+                load_dataset(tmp_path / name, specs, max_samples=samples)
+
+
+def test_samples_of_no_bytes_declared_by_the_trillion_are_not_indexed_whole(tmp_path):
+    """A [10**12, 0] array holds no bytes, so its size is no bound on its sample count: the samples used
+    are indexed, not all that the header declares (before: np.arange(10**12), numpy's MemoryError)."""
+    import zipfile
+
+    buf = _header_only_npy((10**12, 0))[:-64]
+    with zipfile.ZipFile(tmp_path / "c.npz", "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x.npy", buf)
+    specs = [("x", np.dtype(np.float32), ("b", "n"))]
+    assert load_dataset(tmp_path / "c.npz", specs, max_samples=4).num_samples == 4
+    with pytest.raises(UserError, match=r"holds 1,000,000,000,000 samples, too many to index .* --samples N"):
+        load_dataset(tmp_path / "c.npz", specs)
+
+
+@pytest.mark.parametrize("layout", ["c.npz", "c.npy", "dir/a.npz", "dir/x.npy"])
+def test_a_pipe_named_like_an_array_file_is_refused_not_waited_on(tmp_path, layout):
+    """Before: the reader opened the pipe and waited for a writer forever (a .npz or .npy is read by
+    seeking, so a pipe could never have served). The load runs in a thread so that, were it to block, the
+    test fails instead of hanging; the pipe is then opened for writing to release it."""
+    import os
+    import threading
+
+    path = tmp_path / layout
+    path.parent.mkdir(exist_ok=True)
+    os.mkfifo(path)
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_dataset(tmp_path / layout.split("/")[0], specs)
+        except BaseException as e:  # (handed to the test's thread)
+            errors.append(e)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(10)
+    blocked = t.is_alive()
+    if blocked:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # (a reader is waiting: this cannot fail)
+        t.join(10)
+    assert not blocked, "the reader waited on the pipe"
+    assert isinstance(errors[0], UserError)
+    assert f"calibration array file '{path}' is not a regular file (a pipe or device?)" in str(errors[0])
+
+
+def _zip_bytes(compression: int) -> bytes:
+    """A .npz of x [8, 4] float32 whose member is written with zip `compression`."""
+    import io
+    import zipfile
+
+    npy, out = io.BytesIO(), io.BytesIO()
+    np.save(npy, np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    with zipfile.ZipFile(out, "w", compression=compression) as z:
+        z.writestr("x.npy", npy.getvalue())
+    return out.getvalue()
+
+
+def _encrypted(raw: bytearray) -> None:
+    raw[6] |= 1  # (the encryption flag, in the local and the central header)
+    raw[raw.rfind(b"PK\x01\x02") + 8] |= 1
+
+
+def _method_99(raw: bytearray) -> None:
+    raw[8:10] = (99).to_bytes(2, "little")  # (WinZip's AES: a method zipfile does not read)
+    at = raw.rfind(b"PK\x01\x02") + 10
+    raw[at : at + 2] = (99).to_bytes(2, "little")
+
+
+def _corrupt_lzma(raw: bytearray) -> None:
+    for i in range(60, 140):
+        raw[i] ^= 0x5A
+
+
+@pytest.mark.parametrize(
+    ("compression", "spoil", "message"),
+    [
+        (0, _encrypted, r"ValueError: member 'x\.npy' is encrypted"),
+        (
+            0,
+            _method_99,
+            r"ValueError: member 'x\.npy' is compressed with zip method 99, which Python's zipfile "
+            r"cannot read",
+        ),
+        (14, _corrupt_lzma, r"LZMAError: Corrupt input data"),
+        (
+            0,
+            lambda raw: raw.__setitem__(slice(None), raw.replace(b"x.npy", b"x.pkl")),
+            "ValueError: a zip archive of no "
+            r"\.npy arrays \(1 other member\(s\): x\.pkl\)",
+        ),
+    ],
+    ids=["encrypted", "zip-method-99", "corrupt-lzma", "no-npy-member"],
+)
+def test_a_zip_numpy_cannot_read_is_named_not_an_internal_error(tmp_path, compression, spoil, message):
+    """Before: zipfile's RuntimeError (encrypted), NotImplementedError (method 99) and LZMAError were
+    internal errors (exit 1), and a zip of no .npy member (torch.save's, named .npz) said the data had the
+    input names []."""
+    raw = bytearray(_zip_bytes(compression))
+    spoil(raw)
+    (tmp_path / "c.npz").write_bytes(bytes(raw))
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    with pytest.raises(UserError, match=rf"'.*c\.npz' is not a readable \.npz file \({message}"):
+        load_dataset(tmp_path / "c.npz", specs)
+
+
+def test_keys_of_mixed_types_or_huge_size_are_named_in_a_bounded_message():
+    """A data function's dict may mix key types, and its keys may be huge or many. Before: sorting the names
+    for the message raised TypeError ('<' not supported between 'str' and 'int', an internal error), and a
+    key of a million characters or 100,000 keys were quoted whole."""
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(UserError, match=r"the data has \['x', 1\] \(unknown \[1\]\)\."):
+        load_dataset([{1: x, "x": x}], specs)
+    for item in ({"k" * 1_000_000: x}, {f"k{i}": x for i in range(100_000)}):
+        with pytest.raises(UserError, match=r"the data has \['k.*…") as e:
+            load_dataset([item], specs)
+        assert len(str(e.value)) < 1_000

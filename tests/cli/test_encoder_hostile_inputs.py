@@ -53,6 +53,40 @@ def _npy_named_npz(d: Path) -> list[str]:
     return ["calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx"]
 
 
+def _data_directory(*argv: str) -> Setup:
+    """calibrate the tiny model on directory dd of x.npy and a.npz, with `argv` and --force. Before: only a
+    --data file was an input outputs must not overwrite, so -o dd/x.npy replaced a data file with the
+    quantized model (exit 0), and the next run on dd failed on it."""
+
+    def setup(d: Path) -> list[str]:
+        tiny_onnx(d / "m.onnx")
+        (d / "dd").mkdir()
+        np.save(d / "dd" / "x.npy", np.ones((4, 4), np.float32))
+        np.savez(d / "dd" / "a.npz", x=np.ones((4, 4), np.float32))
+        return ["calibrate", "m.onnx", "--data", "dd", *argv, "--force"]
+
+    return setup
+
+
+def _compile_into_data_directory(d: Path) -> list[str]:
+    """compile --precision int8 of the tiny model calibrated on directory dd, -o dd/x.npy (--force).
+    Before: only a --calib-data file was an input, so the engine replaced dd's data file x.npy."""
+    tiny_onnx(d / "m.onnx")
+    (d / "dd").mkdir()
+    np.save(d / "dd" / "x.npy", np.ones((4, 4), np.float32))
+    return ["compile", "m.onnx", "--precision", "int8", "--calib-data", "dd", "-o", "dd/x.npy", "--force"]
+
+
+def _data_module_as_output(d: Path) -> list[str]:
+    """calibrate the wide model on module:function data with -o the module's own file. Before: a data
+    function's module was no input outputs must not overwrite, so --force replaced the user's code with
+    the quantized model."""
+    (d / "calib_data.py").write_text(
+        "import numpy as np\n\ndef data():\n    return [{'x': np.ones((4, 4), np.float32)}]\n"
+    )
+    return [*_calibrate(1.0)(d)[:2], "--data", "calib_data:data", "-o", "calib_data.py", "--force", "-q"]
+
+
 def _wide_onnx(d: Path) -> Path:
     """x[B,4] -> MatMul(W[4,32]) -> h -> MatMul(W2[32,32]) -> y: mm2 is wide enough to quantize."""
     import onnx
@@ -126,6 +160,20 @@ def _calib_cache(hex_scale: str) -> Setup:
         return [*_calibrate(1.0)(d), "--calib-cache", "c.cache"]
 
     return setup
+
+
+def _calib_cache_pipe(d: Path) -> list[str]:
+    """calibrate the wide model with --calib-cache naming a pipe. Before: it exists, so it was read, and
+    the read waited for a writer forever (a device such as /dev/zero was read until memory ran out)."""
+    os.mkfifo(d / "c.cache")
+    return [*_calibrate(1.0)(d), "--calib-cache", "c.cache", "--no-smoothquant"]
+
+
+def _calib_cache_long_name(d: Path) -> list[str]:
+    """calibrate the wide model reading a cache that also names a tensor of 10,000 characters the model
+    does not have. Before: the message quoted the name whole."""
+    (d / "c.cache").write_text(f"TRT-8601-EntropyCalibration2\nh: 3c010204\n{'n' * 10_000}: 3c010204\n")
+    return [*_calibrate(1.0)(d), "--calib-cache", "c.cache", "--no-smoothquant"]
 
 
 def _engine(d: Path, name: str = "m.engine") -> Path:
@@ -462,6 +510,29 @@ CASES: dict[str, tuple[Setup, str]] = {
     ),
     "calibrate: a sparse initializer": (_edited_tiny(_sparse_weight, *CALIBRATE_TINY), SPARSE),
     "inspect: a sparse initializer": (_edited_tiny(_sparse_weight, "inspect", "m.onnx"), SPARSE),
+    "calibrate -o a file of the --data directory (--force)": (
+        _data_directory("-o", "dd/x.npy"),
+        r"-o 'dd/x\.npy' is the file 'x\.npy' of the --data directory 'dd' itself; writing it would destroy",
+    ),
+    "calibrate --report a file of the --data directory (--force)": (
+        _data_directory("-o", "q.onnx", "--report", "dd/a.npz"),
+        r"--report 'dd/a\.npz' is the file 'a\.npz' of the --data directory 'dd' itself",
+    ),
+    # (before: taken and ignored, exit 0)
+    "calibrate --tokenizer with array data": (
+        _data_directory("-o", "q.onnx", "--tokenizer", "demo"),
+        r"--tokenizer tokenizes a text file of sentences given as --data, and --data 'dd' is not one "
+        r"\(arrays or a module:function, read as they are\): nothing would read it\. Drop --tokenizer\.",
+    ),
+    "compile -o a file of the --calib-data directory (--force)": (
+        _compile_into_data_directory,
+        r"-o \(engine\) 'dd/x\.npy' is the file 'x\.npy' of the --calib-data directory 'dd' itself",
+    ),
+    "calibrate -o the module file of a --data module:function (--force)": (
+        _data_module_as_output,
+        r"-o 'calib_data\.py' is the module file of the --data function 'calib_data:data' itself; writing "
+        r"it would destroy an input",
+    ),
     "calibrate: a .npy file named .npz": (
         _npy_named_npz,
         r"'c\.npz' is a \.npy file \(one unnamed array \[4, 4\] float32\), not a \.npz; a \.npz names each "
@@ -637,6 +708,15 @@ CASES: dict[str, tuple[Setup, str]] = {
     "calibrate --calib-cache with a negative scale": (
         _calib_cache("bf800000"),
         r"tensor 'h' the scale -1\.0;",
+    ),
+    "calibrate --calib-cache a pipe": (
+        _calib_cache_pipe,
+        r"calibration cache 'c\.cache' is not a regular file \(a pipe or device\?\); expected a file\.",
+    ),
+    "calibrate --calib-cache naming a tensor of 10,000 characters": (
+        _calib_cache_long_name,
+        r"holds scales for 1 of its 2 tensors that this model does not have \(e\.g\. \['n{20,}…' "
+        r"\(10,000 characters\)\]\); it was written for another model",
     ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
@@ -865,3 +945,58 @@ def test_onnx_runtime_refusing_calibration_data_prints_only_the_error(
     out, err = capfd.readouterr()
     assert "[E:onnxruntime" not in out + err and "onnxruntime_src" not in out + err, out + err
     assert (out + err).strip().startswith("error: ONNX Runtime rejected a batch"), out + err
+
+
+def test_an_endless_calibration_generator_is_refused_short_of_a_huge_sample_count(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: --samples 10**18 lifted the endless-generator limit, so `while True: yield ...` ran until
+    memory ran out. Here the limit is lowered to 50 and the generator yields 2000 samples, so the old code
+    finished instead."""
+    from trtforge.calibration import sources
+
+    monkeypatch.setattr(sources, "UNBOUNDED_SAMPLE_LIMIT", 50, raising=False)
+
+    def setup(d: Path) -> list[str]:
+        (d / "endless_data.py").write_text(
+            "import numpy as np\n\ndef data():\n    for _ in range(2000):\n"
+            "        yield {'x': np.ones((1, 4), np.float32)}\n"
+        )
+        argv = [*_calibrate(1.0)(d)[:2], "--data", "endless_data:data", "-o", "q.onnx", "--quiet"]
+        return [*argv, "--samples", str(10**18)]
+
+    message = (
+        r"data function 'endless_data:data' yielded more than 50 samples, short of the 10{18} asked for, and "
+        r"has not ended .* N at most 50 \(calibrate --samples N"
+    )
+    assert_exits_2_cleanly(setup, message, workdir, capfd)
+
+
+def test_an_endless_calibration_generator_of_empty_items_is_refused(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: items of 0 samples (a generator slicing past the end of its data) counted for nothing, so
+    one that never ended ran until memory ran out, --samples or not. Here the limit is lowered to 50 and
+    the generator yields 2000 empty items before its samples, so the old code finished instead."""
+    from trtforge.calibration import sources
+
+    monkeypatch.setattr(sources, "UNBOUNDED_SAMPLE_LIMIT", 50, raising=False)
+
+    def setup(d: Path) -> list[str]:
+        (d / "past_the_end.py").write_text(
+            "import numpy as np\n\ndef data():\n    for _ in range(2000):\n"
+            "        yield {'x': np.ones((0, 4), np.float32)}\n"
+            "    yield {'x': np.ones((8, 4), np.float32)}\n"
+        )
+        argv = [*_calibrate(1.0)(d)[:2], "--data", "past_the_end:data", "-o", "q.onnx", "--quiet"]
+        return [*argv, "--samples", "8"]
+
+    message = (
+        r"data function 'past_the_end:data' yielded more than 50 items holding no sample \(arrays whose "
+        r"first, sample axis has size 0\) and has not ended nor given 8 samples"
+    )
+    assert_exits_2_cleanly(setup, message, workdir, capfd)

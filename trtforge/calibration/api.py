@@ -368,7 +368,7 @@ def _refuse_foreign_cache(cached: dict[str, float], model: onnx.ModelProto, path
     )
     raise UserError(
         f"calibration cache '{path}' holds scales for {len(foreign)} of its {len(cached)} tensors that this "
-        f"model does not have (e.g. {foreign[:3]}); {why}."
+        f"model does not have (e.g. [{', '.join(shown(t) for t in foreign[:3])}]); {why}."
     )
 
 

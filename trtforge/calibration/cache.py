@@ -14,8 +14,8 @@ import struct
 from importlib import metadata
 from pathlib import Path
 
-from trtforge._fileio import atomic_write_text, settle_commit
-from trtforge.errors import UserError
+from trtforge._fileio import atomic_write_text, check_input_file
+from trtforge.errors import UserError, shown
 
 ALGORITHMS = {
     "entropy": "EntropyCalibration2",
@@ -63,8 +63,7 @@ def write_calibration_cache(path: str | os.PathLike[str], scales: dict[str, floa
 def read_calibration_cache(path: str | os.PathLike[str]) -> tuple[str, dict[str, float]]:
     """(header, tensor -> scale) from a cache file; UserError naming the line when it is malformed or a
     scale is not a finite positive number (it would become a Q/DQ scale as it is)."""
-    p = Path(path)
-    settle_commit(p)  # (calibrate killed while committing the cache with its model: finished or undone)
+    p = check_input_file(path, "calibration cache")  # (a pipe waited for a writer, /dev/zero never ended)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -88,8 +87,9 @@ def read_calibration_cache(path: str | os.PathLike[str]) -> tuple[str, dict[str,
             ) from e
         if not (math.isfinite(scale) and scale > 0):
             raise UserError(
-                f"calibration cache '{p}' line {no} gives tensor '{name}' the scale {scale}; a quantization "
-                "scale is a finite number above 0 (the cache is corrupted: calibrate again without it)."
+                f"calibration cache '{p}' line {no} gives tensor {shown(name)} the scale {scale}; a "
+                "quantization scale is a finite number above 0 (the cache is corrupted: calibrate again "
+                "without it)."
             )
         scales[name] = scale
     return lines[0], scales

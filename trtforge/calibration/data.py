@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from trtforge.calibration.sources import (
     Chunk,
     Part,
     array_file_kind,
+    array_files,
     chunk_len,
     from_iterable,
     guarded,
@@ -164,6 +166,11 @@ class CalibrationDataset:
                         for s in self.specs
                     }
 
+    @property
+    def tokenized(self) -> bool:
+        """Whether the samples are sentences tokenized per batch (a text file), not arrays."""
+        return self._sentences is not None
+
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary (source, samples, batch size)."""
         return {"source": self.source, "samples": self.num_samples, "batch_size": self.batch_size}
@@ -281,11 +288,17 @@ def load_dataset(
         n = sum(chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
     if n == 0:
         raise UserError(f"{what} {source} is empty: it holds no samples.")
-    order = np.arange(n)
-    if shuffle_seed is not None:
-        order = np.random.default_rng(shuffle_seed).permutation(n)
-    if max_samples is not None:
-        order = order[:max_samples]
+    try:  # (unshuffled, only the samples used are indexed: a file's header may declare 10**12 of them)
+        if shuffle_seed is not None:
+            order = np.random.default_rng(shuffle_seed).permutation(n)[:max_samples]
+        else:
+            order = np.arange(n if max_samples is None else min(n, max_samples))
+    except (MemoryError, ValueError) as e:  # (numpy: "array is too big" past its sizes)
+        raise UserError(
+            f"{what} {source} holds {n:,} samples, too many to index on this machine ({type(e).__name__}); "
+            "take a subset with a sample count (calibrate --samples N, compile --calib-samples N), "
+            "without --shuffle-seed."
+        ) from e
     if fixed_batch and len(order) < batch_size:
         raise UserError(
             f"the model has a static batch size {batch_size} but calibration data {source} has only "
@@ -293,7 +306,7 @@ def load_dataset(
         )
     if parts is not None:  # read the samples picked, and only those
         chunks, order = read_selected(parts, order, specs)
-    return CalibrationDataset(
+    dataset = CalibrationDataset(
         specs,
         source=source,
         batch_size=batch_size,
@@ -303,6 +316,33 @@ def load_dataset(
         order=order,
         fixed_batch=fixed_batch,
     )
+    if fixed_batch and len(dataset) == 0:  # (before: 'no value at all ... a zero-length axis', after a run)
+        groups = dataset._groups()
+        raise UserError(
+            f"the model has a static batch size {batch_size}, and calibration data {source} has no "
+            f"{batch_size} samples of one shape to fill a batch (samples of different shapes never share "
+            f"one): its {len(order)} samples come in {len(groups)} shapes, at most "
+            f"{max(len(g) for g in groups)} of each. Give at least {batch_size} samples of one shape."
+        )
+    return dataset
+
+
+def data_files(spec: Any, what: str = "calibration data") -> dict[str, Path]:
+    """The files calibration data `spec` is read from, by how messages name them: the file itself, a
+    directory's .npz/.npy files (its other files are not data), or a module:function's module file once
+    :func:`load_dataset` has imported it. Outputs must not overwrite them (checked with
+    `trtforge._fileio.refuse_overwriting_inputs`); in-memory data gives none."""
+    if not isinstance(spec, (str, os.PathLike)) or not os.fspath(spec).strip():
+        return {}
+    path = Path(spec)
+    if path.is_file():
+        return {what: path}
+    if path.is_dir():
+        npz, npy = array_files(path)
+        return {f"file '{p.name}' of the {what} directory '{spec}'": p for p in (*npz, *npy)}
+    module = sys.modules.get(os.fspath(spec).partition(":")[0].strip()) if ":" in os.fspath(spec) else None
+    source = getattr(module, "__file__", None)
+    return {f"module file of the {what} function '{spec}'": Path(source)} if source else {}
 
 
 def _refuse_shuffling_a_stream(shuffle_seed: int | None, max_samples: int | None, where: str) -> None:
@@ -357,6 +397,7 @@ __all__ = [
     "TEXT_MAX_LENGTH",
     "CalibrationDataset",
     "check_profile",
+    "data_files",
     "input_specs_from_model",
     "load_dataset",
     "rejected_data_is_user_error",

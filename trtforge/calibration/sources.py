@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import math
 import os
 import struct
 import zipfile
@@ -18,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from trtforge._usercode import load_callable, user_code
+from trtforge._fileio import check_input_file
+from trtforge._usercode import describe, load_callable, user_code
 from trtforge.core.tensor_spec import TensorSpec
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 from trtforge.numerics.feeds import ML_FLOATS, check_finite
 
 DEMO_TOKENIZER = "demo"
@@ -42,14 +44,16 @@ def check_structure(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_
     """Check names, kinds, ranks, static dims and equal sample counts: what each array's shape and dtype
     say, so a memory-mapped or compressed array is checked without reading its data."""
     expected = {s.name for s in specs}
-    missing = sorted(expected - set(chunk))
-    extra = sorted(set(chunk) - expected)
+    # (sorted by repr: a data function's dict may mix key types, {1: ..., 'x': ...}, which do not compare;
+    # shown: its keys may be a million characters long, or a hundred thousand of them)
+    missing = sorted(expected - set(chunk), key=repr)
+    extra = sorted(set(chunk) - expected, key=repr)
     if missing or (extra and not allow_extra):
         raise UserError(
-            f"{where}: input names do not match the model. The model expects {sorted(expected)}; "
-            f"the data has {sorted(chunk)}"
-            + (f" (missing {missing})" if missing else "")
-            + (f" (unknown {extra})" if extra else "")
+            f"{where}: input names do not match the model. The model expects {shown(sorted(expected))}; "
+            f"the data has {shown(sorted(chunk, key=repr))}"
+            + (f" (missing {shown(missing)})" if missing else "")
+            + (f" (unknown {shown(extra)})" if extra else "")
             + "."
         )
     n = None
@@ -156,13 +160,21 @@ def _same_kind(got: np.dtype, want: np.dtype) -> bool:
     return kind(got) == kind(want)
 
 
-_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+try:  # (zipfile reads LZMA members where Python has lzma; a corrupt one raises its LZMAError)
+    from lzma import LZMAError
+except ImportError:  # pragma: no cover - a Python built without lzma
+    LZMAError = zlib.error  # type: ignore[misc,assignment]
+
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, LZMAError)
+
+#: the zip compression methods Python's zipfile reads (numpy.savez stores, savez_compressed deflates)
+_ZIP_METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
 
 
 def _unreadable_npz(where: str, e: BaseException) -> UserError:
     return UserError(
-        f"{where} is not a readable .npz file ({type(e).__name__}: {e}); expected "
-        "arrays written by numpy.savez, one per input name."
+        f"{where} is not a readable .npz file ({describe(e)}); expected arrays written by numpy.savez, one "
+        "per input name."
     )
 
 
@@ -258,24 +270,57 @@ def _npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     return tuple(int(d) for d in shape), bool(fortran), dtype
 
 
+def _check_declared_size(what: str, shape: tuple[int, ...], dtype: np.dtype, held: int) -> None:
+    """ValueError (the file's to fix) when the .npy header of `what` (a .npy file, a .npz member) declares
+    more data than it holds: a truncated file, or a header edited to claim a huge shape. Before: a
+    compressed member's shape was believed until its rows were allocated (a header claiming 10**12
+    samples: numpy's MemoryError, an internal error), and a stored one failed in numpy.memmap with 'mmap
+    length is greater than file size'."""
+    need = dtype.itemsize * math.prod(shape)  # (Python ints: no overflow)
+    if need > held:
+        raise ValueError(
+            f"{what} declares a {dtype} array of shape {list(shape)} ({need:,} bytes) but holds "
+            f"{max(held, 0):,} bytes of data: the file is truncated or its header is corrupted"
+        )
+
+
 def open_npz(path: Path, where: str | None = None) -> dict[str, Any]:
     """Every array of a .npz file without reading its data: an array stored as numpy.savez writes it is
     memory-mapped, a compressed one (savez_compressed) is a :class:`ZipMember`; never unpickling.
     UserError naming `where` (default: the file) for any way it cannot be read, as :func:`read_npz`."""
     where = where or f"'{path}'"
+    check_input_file(path, "calibration array file")  # (a pipe: opened, it waited for a writer forever)
     try:
         with open(path, "rb") as raw:
             if raw.read(6) == b"\x93NUMPY":
                 read_npz(path, where)  # (its refusal of a .npy named .npz, with the array's shape)
         arrays: dict[str, Any] = {}
         with zipfile.ZipFile(path) as z:
-            for info in z.infolist():
+            members = z.infolist()
+            if not any(info.filename.endswith(".npy") for info in members):
+                names = [info.filename for info in members]
+                raise ValueError(
+                    f"a zip archive of no .npy arrays ({len(names)} other member(s): "
+                    f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+                    if names
+                    else "an empty zip archive (no arrays)"
+                )
+            for info in members:
                 if not info.filename.endswith(".npy"):
                     continue
                 name = info.filename[: -len(".npy")]
+                # (zipfile's own refusals of these were a RuntimeError and a NotImplementedError)
+                if info.flag_bits & 0x1:
+                    raise ValueError(f"member '{info.filename}' is encrypted")
+                if info.compress_type not in _ZIP_METHODS:
+                    raise ValueError(
+                        f"member '{info.filename}' is compressed with zip method {info.compress_type}, "
+                        "which Python's zipfile cannot read"
+                    )
                 with z.open(info) as f:
                     shape, fortran, dtype = _npy_header(f)
                     header = f.tell()
+                    _check_declared_size(f"member '{info.filename}'", shape, dtype, info.file_size - header)
                     if info.compress_type != zipfile.ZIP_STORED:
                         arrays[name] = ZipMember(path, info.filename, shape, dtype, fortran)
                         continue
@@ -335,7 +380,7 @@ def read_selected(
             chunk = {name: _take_rows(arrays[name], rows) for name in (s.name for s in specs)}
             chunks.append(check_values(chunk, specs, where))
         except _READ_ERRORS as e:
-            raise UserError(f"cannot read the samples of {where} ({type(e).__name__}: {e}).") from e
+            raise UserError(f"cannot read the samples of {where} ({describe(e)}).") from e
         new_order[used] = base + np.searchsorted(rows, row[used])
         base += len(rows)
     return chunks, new_order
@@ -352,22 +397,32 @@ def _take_rows(a: Any, rows: np.ndarray) -> np.ndarray:
 
 
 def _load_npy(path: Path) -> np.ndarray:
-    """One .npy array, memory-mapped; UserError naming the file when numpy cannot read it."""
+    """One .npy array, memory-mapped; UserError naming the file when numpy cannot read it, it is not a
+    regular file (a pipe: opened, it waited for a writer forever) or its header declares more data than
+    it holds."""
+    check_input_file(path, "calibration array file")
     try:
+        with open(path, "rb") as f:
+            shape, _, dtype = _npy_header(f)
+            _check_declared_size("its header", shape, dtype, os.fstat(f.fileno()).st_size - f.tell())
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except _READ_ERRORS as e:
         raise UserError(
-            f"'{path}' is not a readable .npy file ({type(e).__name__}: {e}); expected an array written by "
-            "numpy.save."
+            f"'{path}' is not a readable .npy file ({describe(e)}); expected an array written by numpy.save."
         ) from e
+
+
+def array_files(path: Path) -> tuple[list[Path], list[Path]]:
+    """(the .npz files, the .npy files) of data directory `path`, each sorted by name: what :func:`load_dir`
+    reads, and what a command's outputs must not overwrite."""
+    return sorted(path.glob("*.npz")), sorted(path.glob("*.npy"))
 
 
 def load_dir(path: Path, specs: list[TensorSpec], need: int | None = None) -> list[Part]:
     """The .npz files of directory `path` (sorted by name), then its .npy files (sorted; each its own part
     for a one-input model, else one part of `<input name>.npy` files), their shapes checked and their data
     not read. With `need`, files are opened in that order only until they hold `need` samples."""
-    npz = sorted(path.glob("*.npz"))
-    npy = sorted(path.glob("*.npy"))
+    npz, npy = array_files(path)
     if not npz and not npy:
         raise UserError(f"directory '{path}' holds no .npz or .npy files; expected calibration arrays.")
     parts: list[Part] = []
@@ -519,6 +574,12 @@ def _is_binary_head(head: bytes) -> bool:
     return b"\0" in head
 
 
+_EXPECTED_DATA = (
+    "expected a .npz (one array per input name), a .npy, a directory of them, a UTF-8 text file of "
+    "sentences (with --tokenizer) or module:function."
+)
+
+
 def text_dataset(
     path: Path, specs: list[TensorSpec], tokenizer: Any, max_length: int
 ) -> tuple[list[str], Callable[[list[str]], Chunk]]:
@@ -528,12 +589,10 @@ def text_dataset(
     try:
         with open(path, "rb") as f:
             head = f.read(_HEAD_BYTES)
+            if not head:  # (before: 'a text file: tokenizing it needs a tokenizer', or 'no non-empty lines')
+                raise UserError(f"'{path}' is empty (0 bytes), not data: {_EXPECTED_DATA}")
             if _is_binary_head(head):
-                raise UserError(
-                    f"'{path}' is a binary file, not data: expected a .npz (one array per input name), a "
-                    ".npy, a directory of them, a UTF-8 text file of sentences (with --tokenizer) or "
-                    "module:function."
-                )
+                raise UserError(f"'{path}' is a binary file, not data: {_EXPECTED_DATA}")
             if tokenizer is None:
                 raise UserError(
                     f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
@@ -565,20 +624,34 @@ def text_dataset(
     return sentences, tokenize
 
 
-# Samples an iterable may yield when no sample count was asked for: past it, an endless generator (the
-# user's `while True: yield ...`) is refused instead of running until memory runs out.
+# Samples an iterable may yield (without a sample count, or short of a larger one): past it, an endless
+# generator (the user's `while True: yield ...`) is refused instead of running until memory runs out.
 UNBOUNDED_SAMPLE_LIMIT = 100_000
 
 
 def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max_samples: int | None):
+    """The validated chunks of `items`, up to `max_samples` samples. An endless iterable is refused: past
+    UNBOUNDED_SAMPLE_LIMIT samples short of the count (or without one: before, a count of 10**18 let an
+    endless generator run until memory ran out), and past as many items of no sample at all (arrays whose
+    sample axis is 0: a generator slicing past the end of its data), count or not; before, such items
+    counted for nothing and the generator ran until memory ran out."""
     chunks: list[Chunk] = []
-    total = 0
+    total = empty = 0
     for k, item in enumerate(items):
-        if max_samples is None and total >= UNBOUNDED_SAMPLE_LIMIT:
+        if empty > UNBOUNDED_SAMPLE_LIMIT:
             raise UserError(
-                f"{where} yielded more than {UNBOUNDED_SAMPLE_LIMIT} samples and has not ended (an endless "
-                "generator?); give it an end, or take its first N samples (calibrate --samples N, compile "
-                "--calib-samples N, max_samples=N)."
+                f"{where} yielded more than {UNBOUNDED_SAMPLE_LIMIT} items holding no sample (arrays whose "
+                "first, sample axis has size 0) "
+                f"and has not ended{'' if max_samples is None else f' nor given {max_samples} samples'} (a "
+                "generator slicing past the end of its data?); give it an end, and items of at least one "
+                "sample each."
+            )
+        if total >= UNBOUNDED_SAMPLE_LIMIT:  # (a count this far has not been reached: the break below)
+            asked = "" if max_samples is None else f", short of the {max_samples} asked for,"
+            raise UserError(
+                f"{where} yielded more than {UNBOUNDED_SAMPLE_LIMIT} samples{asked} and has not ended (an "
+                "endless generator?); give it an end, or take its first N samples, N at most "
+                f"{UNBOUNDED_SAMPLE_LIMIT} (calibrate --samples N, compile --calib-samples N, max_samples=N)."
             )
         if not isinstance(item, dict):
             raise UserError(
@@ -591,6 +664,7 @@ def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max
         chunk = validate_chunk(raw, specs, f"{where} item {k}")
         chunks.append(chunk)
         total += chunk_len(chunk)
+        empty += chunk_len(chunk) == 0
         if max_samples is not None and total >= max_samples:
             break
     return chunks

@@ -95,7 +95,7 @@ def calibrate_cmd(
     )
     from trtforge.calibration.api import calibrate_model
     from trtforge.calibration.cache import write_calibration_cache
-    from trtforge.calibration.data import input_specs_from_model, load_dataset
+    from trtforge.calibration.data import data_files, input_specs_from_model, load_dataset
     from trtforge.core.onnx_io import (
         EXTERNAL_DATA_THRESHOLD,
         check_model,
@@ -103,6 +103,7 @@ def calibrate_cmd(
         model_files,
         save_onnx_atomic,
     )
+    from trtforge.errors import UserError
     from trtforge.numerics.sessions import refuse_unloadable
 
     opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
@@ -136,10 +137,6 @@ def calibrate_cmd(
     )
     outputs = {"-o": out, "the calibration cache": cache_path, "--report": report}
     check_distinct_outputs(outputs)
-    data_file = {"--data": data} if Path(data).is_file() else {}
-    refuse_overwriting_inputs(
-        outputs | {"-o's external data file": f"{out}.data"}, model_files(model) | data_file
-    )
     dataset = load_dataset(
         data,
         input_specs_from_model(onnx_model),
@@ -149,20 +146,32 @@ def calibrate_cmd(
         tokenizer=tokenizer,
         what="--data",
     )
-    quantized, record = calibrate_model(
-        onnx_model,
-        dataset,
-        method=method,
-        percentile=percentile,
-        op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
-        exclude_nodes=tuple(exclude),
-        smoothquant=opts.smoothquant,
-        accuracy_target=opts.accuracy_target,
-        calib_cache=None if default_cache else str(cache_path),
-        only_real_tokens=real_tokens,
-        progress=not quiet,
+    if tokenizer is not None and not dataset.tokenized:  # (it was taken and did nothing)
+        raise UserError(
+            f"--tokenizer tokenizes a text file of sentences given as --data, and --data '{data}' is not one "
+            "(arrays or a module:function, read as they are): nothing would read it. Drop --tokenizer."
+        )
+    refuse_overwriting_inputs(  # (after loading: a module:function's module file is known once imported)
+        outputs | {"-o's external data file": f"{out}.data"}, model_files(model) | data_files(data, "--data")
     )
-    with atomic_outputs():  # the model, its cache and the report appear together or not at all
+    # The model, its cache and the report appear together or not at all: a --calib-cache that does not
+    # exist yet is written by calibrate_model, staged here with the rest (before, it was renamed into
+    # place before the model was written, so an interrupted or failed write left a new cache beside the
+    # old model, or none, and the next run read it and skipped statistics).
+    with atomic_outputs():
+        quantized, record = calibrate_model(
+            onnx_model,
+            dataset,
+            method=method,
+            percentile=percentile,
+            op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
+            exclude_nodes=tuple(exclude),
+            smoothquant=opts.smoothquant,
+            accuracy_target=opts.accuracy_target,
+            calib_cache=None if default_cache else str(cache_path),
+            only_real_tokens=real_tokens,
+            progress=not quiet,
+        )
         if quantized.ByteSize() < EXTERNAL_DATA_THRESHOLD:
             atomic_write_bytes(out, quantized.SerializeToString())
         else:

@@ -259,11 +259,13 @@ def _staged_name(model: Any, stages: list[str]) -> str:
 
 
 def _input_files(model: Any, precision: PrecisionOptions) -> dict[str, str | os.PathLike[str] | None]:
-    """The files compile reads: the model (and its external data), sample and calibration data files."""
+    """The files compile reads: the model (and its external data), sample and calibration data files (a
+    data directory's .npz/.npy files too: before, -o DIR/x.npy --force replaced one with the engine)."""
+    from trtforge.calibration.data import data_files
+
     files = source_files(model)
     for what, data in (("--precision-data", precision.data), ("--calib-data", precision.calib_data)):
-        if isinstance(data, (str, os.PathLike)) and Path(data).is_file():
-            files[what] = data
+        files |= data_files(data, what)
     return files
 
 
