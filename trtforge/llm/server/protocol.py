@@ -20,7 +20,7 @@ import functools
 import json
 import re
 import sys
-from collections.abc import Collection
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -245,7 +245,7 @@ def _misspelled(name: str, fields: list[str]) -> str | None:
 
 # (its path in the request, its path as OTHER_FIELDS keys it (each array index a *), the fields read there,
 # its fields that are not)
-_Object = tuple[str, str, Collection[str], dict[str, Any]]
+_Object = tuple[str, str, frozenset[str], dict[str, Any]]
 
 
 def _unread(obj: dict[str, Any], read: frozenset[str]) -> dict[str, Any]:
@@ -253,47 +253,50 @@ def _unread(obj: dict[str, Any], read: frozenset[str]) -> dict[str, Any]:
     return {k: obj[k] for k in obj.keys() - read} if not obj.keys() <= read else {}
 
 
-def _model_fields(model: BaseModel) -> list[str]:
-    return [f.alias or n for n, f in type(model).model_fields.items()]
+def _model_fields(model: BaseModel) -> frozenset[str]:
+    """The names (as the JSON spells them) of `model`'s fields."""
+    return _class_fields(type(model))
 
 
-def _objects(req: BaseModel) -> list[_Object]:
+@functools.cache
+def _class_fields(cls: type[BaseModel]) -> frozenset[str]:
+    return frozenset(f.alias or n for n, f in cls.model_fields.items())
+
+
+def _objects(req: BaseModel) -> Iterator[_Object]:
     """The objects of `req` holding fields this server does not read (:data:`_Object` each): the request
     and its stream_options and response_format (kept as model_extra), its messages, their content parts,
     their tool calls and those calls' function or custom objects (raw JSON, checked against
-    :data:`PART_FIELDS` and :data:`TOOL_CALL_FIELDS`)."""
-    out: list[_Object] = []
-
-    def add(where: str, generic: str, read: Collection[str], extra: dict[str, Any] | None) -> None:
-        if extra:
-            out.append((where, generic, read, extra))
-
-    add("", "", _model_fields(req), req.model_extra)
+    :data:`PART_FIELDS` and :data:`TOOL_CALL_FIELDS`). Made one at a time: a conversation echoed back
+    from responses may hold hundreds of thousands of messages of OpenAI's fields."""
+    text_part = PART_FIELDS["text"]
+    yield "", "", _model_fields(req), req.model_extra or {}
     for name in ("stream_options", "response_format"):
         obj = getattr(req, name, None)
-        if obj is not None:
-            add(name, name, _model_fields(obj), obj.model_extra)
+        if obj is not None and obj.model_extra:
+            yield name, name, _model_fields(obj), obj.model_extra
     fmt = getattr(req, "response_format", None)
-    if fmt is not None and fmt.json_schema is not None:
+    if fmt is not None and fmt.json_schema is not None and fmt.json_schema.model_extra:
         where = "response_format.json_schema"
-        add(where, where, _model_fields(fmt.json_schema), fmt.json_schema.model_extra)
+        yield where, where, _model_fields(fmt.json_schema), fmt.json_schema.model_extra
     for i, m in enumerate(getattr(req, "messages", ())):
         if m.model_extra:
-            add(f"messages.{i}", "messages.*", _model_fields(m), m.model_extra)
+            yield f"messages.{i}", "messages.*", _model_fields(m), m.model_extra
         if isinstance(m.content, list):
             for j, part in enumerate(m.content):
+                if part.keys() <= text_part:  # (most parts: a text part of its fields alone)
+                    continue
                 kind = part.get("type")
                 read = PART_FIELDS.get(kind, _ANY_PART_FIELDS) if isinstance(kind, str) else _ANY_PART_FIELDS
-                add(f"messages.{i}.content.{j}", "messages.*.content.*", read, _unread(part, read))
+                yield f"messages.{i}.content.{j}", "messages.*.content.*", read, _unread(part, read)
         for j, call in enumerate(m.tool_calls or ()):
             at = f"messages.{i}.tool_calls.{j}"
-            add(at, "messages.*.tool_calls.*", TOOL_CALL_FIELDS[""], _unread(call, TOOL_CALL_FIELDS[""]))
+            yield at, "messages.*.tool_calls.*", TOOL_CALL_FIELDS[""], _unread(call, TOOL_CALL_FIELDS[""])
             for key in ("function", "custom"):
                 inner = call.get(key)
                 if isinstance(inner, dict):
                     read = TOOL_CALL_FIELDS[key]
-                    add(f"{at}.{key}", f"messages.*.tool_calls.*.{key}", read, _unread(inner, read))
-    return out
+                    yield f"{at}.{key}", f"messages.*.tool_calls.*.{key}", read, _unread(inner, read)
 
 
 def check_fields(req: BaseModel) -> list[str]:
@@ -301,35 +304,44 @@ def check_fields(req: BaseModel) -> list[str]:
     read), but for :data:`LABEL_FIELDS`, each once (a message's as ``messages.*.refusal``); ApiError 400
     for one that misspells a field it reads (as OpenAI answers an unknown field), naming both and where it
     is (``messages.2.contnet``): ignored, it would leave the field meant at its default; 400 too past
-    :data:`MAX_UNKNOWN_FIELDS` unknown fields, OTHER_FIELDS' not counted (no client sends so many)."""
-    objects = _objects(req)
-    unknown = sum(
-        sum(name not in OTHER_FIELDS.get(generic, ()) for name in extra) for _, generic, _, extra in objects
-    )
-    if unknown > MAX_UNKNOWN_FIELDS:
-        raise ApiError(
-            400,
-            f"the request holds {unknown:,} fields this server does not read; at most "
-            f"{MAX_UNKNOWN_FIELDS} are ignored",
-        )
-    ignored: dict[str, None] = {}
-    for where, generic, read, extra in objects:
-        fields = sorted(read)
+    :data:`MAX_UNKNOWN_FIELDS` unknown fields, OTHER_FIELDS' not counted (no client sends so many), before
+    any is matched."""
+    unknown: list[tuple[str, frozenset[str], str]] = []  # (where, the fields read there, name) to match
+    count = 0
+    ignored: dict[tuple[str, str], None] = {}  # (generic path, name): each once, however many messages
+    for where, generic, read, extra in _objects(req):
         other = OTHER_FIELDS.get(generic, frozenset())
         for name, value in extra.items():
+            if name not in other:
+                count += 1
+                if count > MAX_UNKNOWN_FIELDS:
+                    continue
+                if value is not None:  # (null is "unset": no misspelling left a field at its default)
+                    unknown.append((where, read, name))
+            ignored[generic, name] = None
+    if count > MAX_UNKNOWN_FIELDS:
+        raise ApiError(
+            400,
+            f"the request holds {count:,} fields this server does not read; at most "
+            f"{MAX_UNKNOWN_FIELDS} are ignored",
+        )
+    for where, read, name in unknown:
+        meant = _misspelled(name, sorted(read))
+        if meant is not None:
             path = f"{where}.{_printable(name)}" if where else _printable(name)
-            meant = None if name in other or value is None else _misspelled(name, fields)
-            if meant is not None:
-                said = f"{where}.{meant}" if where else meant
-                raise ApiError(
-                    400,
-                    f"{path}: not a field of this API; did you mean {said}? (unknown fields are ignored, and "
-                    f"{said} would have been left at its default)",
-                    path,
-                )
-            if not (where == "" and name in LABEL_FIELDS | UNSERVED.keys() | UNSERVED_CHAT.keys()):
-                ignored[f"{generic}.{_printable(name)}" if generic else path] = None
-    return list(ignored)
+            said = f"{where}.{meant}" if where else meant
+            raise ApiError(
+                400,
+                f"{path}: not a field of this API; did you mean {said}? (unknown fields are ignored, and "
+                f"{said} would have been left at its default)",
+                path,
+            )
+    labels = LABEL_FIELDS | UNSERVED.keys() | UNSERVED_CHAT.keys()
+    return [
+        f"{generic}.{_printable(name)}" if generic else _printable(name)
+        for generic, name in ignored
+        if not (generic == "" and name in labels)
+    ]
 
 
 class _Sampling(_Open):
