@@ -276,6 +276,16 @@ UNENFORCEABLE = [  # (schema, its place and keyword in the refusal, JSON the gra
         '"abc"',
     ),
     ({"const": 5, "type": "integer", "maximum": 4}, r"\$ uses 'maximum' 4 beside 'const' 5", "5"),
+    (
+        {"type": "object", "properties": {"code": {"const": "abc", "type": "string", "pattern": "^[0-9]+$"}}},
+        r"\$\.properties\.code uses 'pattern' '\^\[0-9\]\+\$' beside 'const' 'abc' \(a value it rules out\)",
+        '{"code": "abc"}',
+    ),
+    (
+        {"enum": ["a1", "b2", "cc"], "pattern": "[0-9]"},
+        r"\$ uses 'pattern' '\[0-9\]' beside 'enum' item \[2\] 'cc'",
+        '"cc"',
+    ),
 ]
 
 
@@ -297,6 +307,46 @@ def test_a_constraint_the_grammar_would_ignore_is_refused_naming_it(
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     with pytest.raises(GrammarError, match=rf"the schema's {said}.*cannot enforce"):
         g.compile(fmt)
+
+
+def test_a_const_outside_its_own_format_is_refused_naming_it(model_and_tokenizer):
+    """xgrammar serves a const or enum value as it is, leaving its schema's format out: a date field whose
+    enum holds "soon" gave "soon". Judged by xgrammar's own grammar for the format's strings."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from trtforge.llm.structured import GrammarCompiler, GrammarError
+
+    schema = {"type": "object", "properties": {"d": {"enum": ["2024-01-02", "soon"], "format": "date"}}}
+    checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    assert not checker.is_valid({"d": "soon"}) and checker.is_valid({"d": "2024-01-02"})
+    raw = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    assert _is_grammar_accept_string(raw, '{"d": "soon"}')  # (what serving it unchecked would allow)
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(
+        GrammarError,
+        match=r"the schema's \$\.properties\.d uses 'format' 'date' beside 'enum' item \[1\] 'soon'",
+    ):
+        g.compile(fmt)
+
+
+def test_a_pattern_that_backtracks_for_long_on_a_const_is_left_unjudged_in_time(monkeypatch):
+    """A const is matched against its schema's pattern, which is the client's: one that backtracks on it
+    for ever (nested repeats: 2^60 steps) is given up on at the check's budget, not held on (the compile's
+    own bounds then apply), and the value served as it is."""
+    import time
+
+    from trtforge.llm import structured
+    from trtforge.llm.structured import _StringCheck
+
+    monkeypatch.setattr(structured, "VALUE_CHECK_S", 0.2)
+    check = _StringCheck()
+    start = time.monotonic()
+    assert check.rules_out({"pattern": "^(a|aa)+$"}, "a" * 60 + "b") is None
+    # (the module checks its clock every so many steps: a few times past its timeout on a busy machine)
+    assert time.monotonic() - start < 10
+    assert check.rules_out({"pattern": "^[0-9]+$"}, "abc") is None  # (the budget is spent: not judged)
+    assert _StringCheck().rules_out({"pattern": "^[0-9]+$"}, "abc") == "'pattern' '^[0-9]+$'"
 
 
 @pytest.mark.parametrize(
@@ -336,6 +386,10 @@ def test_keywords_as_data_or_enforceable_constraints_still_compile(model_and_tok
         {"type": "string", "pattern": r"^a$|^b$|(^c|d$)|[$^]\^?"},  # anchors at an end, or literal
         {"const": 2.0, "type": "integer"},  # (2.0 is an integer)
         {"enum": ["a", None], "type": ["string", "null"], "maxLength": 1},
+        {"const": "abc", "pattern": "b"},  # (JSON Schema's pattern matches anywhere in the string)
+        {"enum": ["x1", 5], "pattern": "^x"},  # (a pattern says nothing of a number)
+        {"const": "2024-02-29", "format": "date"},
+        {"const": "anything", "format": "idn-email"},  # (a format xgrammar does not restrict: not judged)
     ):
         assert g.compile({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) is not None
 

@@ -182,6 +182,15 @@ def _at_most(bound: str) -> Any:
     "(a client trickling bytes would otherwise hold it for as long as it likes).",
 )
 @click.option(
+    "--send-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds a streamed response may wait for its client to read (its socket's buffers full); past "
+    "them the request is cancelled, its KV blocks freed and its connection closed (a client that never "
+    "reads held them for ever).",
+)
+@click.option(
     "--max-intake",
     default=None,
     type=click.IntRange(1),
@@ -233,6 +242,7 @@ def serve_cmd(
     request_timeout: float | None,
     max_request_bytes: int,
     body_timeout: float,
+    send_timeout: float,
     max_intake: int | None,
     shutdown_grace: float,
     executor: str,
@@ -281,6 +291,7 @@ def serve_cmd(
         request_timeout=request_timeout,
         max_request_bytes=max_request_bytes,
         body_timeout=body_timeout,
+        send_timeout=send_timeout,
         max_intake=max_intake,
         shutdown_grace=shutdown_grace,
         log_level=log_level,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -37,6 +38,15 @@ MAX_PATTERN_DEPTH = 64
 # array of arrays 64 deep 0.25 s, 128 deep 1.7 s, 200 deep 5 s, 900 deep past the 30 s timeout, holding a
 # compile thread on); 128 KB of schema nests ~5,000 deep
 MAX_SCHEMA_DEPTH = 100
+# seconds all of a schema's const and enum strings may take to be matched against their schemas' patterns:
+# a pattern is the client's, and one that backtracks on a value for longer leaves the rest unjudged
+VALUE_CHECK_S = 1.0
+# the JSON Schema formats whose strings xgrammar's grammars restrict (it lets any string through for the
+# others: idn-email, uri-reference, iri, regex, ...)
+CHECKED_FORMATS = frozenset(
+    {"date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"}
+    | {"json-pointer", "relative-json-pointer"}
+)
 COMPILE_TIMEOUT_S = 30.0
 COMPILE_WORKERS = 2
 CACHE_SIZE = 128  # compiled grammars kept (least recently used dropped first)
@@ -357,7 +367,7 @@ def _types(node: dict[str, Any]) -> set[str] | None:
     return None
 
 
-def _unenforced(node: dict[str, Any]) -> tuple[str, str] | None:
+def _unenforced(node: dict[str, Any], strings: _StringCheck) -> tuple[str, str] | None:
     """(what, the remedy) of the first constraint of schema `node` (not its subschemas) that xgrammar
     leaves out of the grammar without an error, so that the output could break it; None if none."""
     drop = "drop it (and check that constraint on the parsed output)"
@@ -412,7 +422,7 @@ def _unenforced(node: dict[str, Any]) -> tuple[str, str] | None:
                 "put ^ only at the pattern's start and $ only at its end, or escape it (\\^, \\$) to match "
                 "the character",
             )
-    return _beside_values(node)
+    return _beside_values(node, strings)
 
 
 _JSON_TYPES = frozenset({"null", "boolean", "integer", "number", "string", "array", "object"})
@@ -432,10 +442,47 @@ def _json_type_of(value: Any, types: set[str]) -> bool:
     return kind in types
 
 
-def _beside_values(node: dict[str, Any]) -> tuple[str, str] | None:
+class _StringCheck:
+    """Judges a const or enum string against its schema's ``pattern`` and ``format``, all of a schema's
+    strings within :data:`VALUE_CHECK_S` seconds (those past it are not judged). `fits_format(format,
+    value)`: whether xgrammar's grammar for strings of that format takes the value (None: not judged)."""
+
+    def __init__(self, fits_format: Callable[[str, str], bool | None] | None = None) -> None:
+        self.deadline = time.monotonic() + VALUE_CHECK_S
+        self.fits_format = fits_format
+
+    def rules_out(self, node: dict[str, Any], value: str) -> str | None:
+        """The keyword of `node` (with its value, shown) that string `value` cannot satisfy, or None."""
+        pattern, fmt = node.get("pattern"), node.get("format")
+        if isinstance(pattern, str) and self._misses(pattern, value):
+            return f"'pattern' {shown(pattern)}"
+        judged = isinstance(fmt, str) and self.fits_format is not None and time.monotonic() < self.deadline
+        if judged and self.fits_format(fmt, value) is False:  # type: ignore[misc]
+            return f"'format' {shown(fmt)}"
+        return None
+
+    def _misses(self, pattern: str, value: str) -> bool:
+        """Whether `value` holds no match of `pattern` (JSON Schema's: an ECMA-262 regex, matched anywhere
+        in the string), as the ``regex`` module (the structured extra's) finds within the time
+        left; False where it cannot tell: a syntax it lacks, or no answer in time."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            import regex
+        except ImportError:
+            return False
+        try:  # (concurrent: the GIL is released while it matches, as a compile thread's work should)
+            return regex.search(pattern, value, timeout=left, concurrent=True) is None
+        except (regex.error, TimeoutError):
+            return False
+
+
+def _beside_values(node: dict[str, Any], strings: _StringCheck) -> tuple[str, str] | None:
     """(what, the remedy) for a ``const`` or ``enum`` value of schema `node` that breaks the node's own
-    ``type``, lengths or range: xgrammar serves the values and leaves the rest out, so that
-    ``{"const": 3, "type": "string"}``, which no value matches, gave 3."""
+    ``type``, lengths, range, ``pattern`` or ``format``: xgrammar serves the values and leaves the rest
+    out, so that ``{"const": 3, "type": "string"}``, which no value matches, gave 3, and
+    ``{"const": "abc", "pattern": "^[0-9]+$"}`` gave "abc"."""
     values = [("'const'", node["const"])] if "const" in node else []
     if isinstance(node.get("enum"), list):
         values += [(f"'enum' item [{i}]", v) for i, v in enumerate(node["enum"])]
@@ -450,6 +497,8 @@ def _beside_values(node: dict[str, Any]) -> tuple[str, str] | None:
                 broken = f"'minLength' {low}"
             elif isinstance(high, int) and len(value) > high:
                 broken = f"'maxLength' {high}"
+            else:
+                broken = strings.rules_out(node, value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             for key, ok in _RANGE_TESTS.items():
                 bound = node.get(key)
@@ -473,7 +522,7 @@ _RANGE_TESTS: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
-def check_enforceable(schema: Any) -> None:
+def check_enforceable(schema: Any, fits_format: Callable[[str, str], bool | None] | None = None) -> None:
     """Refuse (GrammarError naming the place and the keyword) a JSON schema holding a constraint the
     grammar cannot enforce. xgrammar compiles these by leaving them out (a warning on stderr at most),
     so that "valid JSON against the schema" would not hold: an empty ``anyOf``/``oneOf``/``type``
@@ -483,9 +532,11 @@ def check_enforceable(schema: Any) -> None:
     or beside a range (``{"type": "number", "multipleOf": 1}`` gave 0.5), ``minLength``/``maxLength``
     beside a ``pattern`` or ``format``, a pattern's lookahead or its ``^``/``$`` away from its ends
     (:func:`misplaced_anchor`), and a ``const`` or ``enum`` value outside its schema's own ``type``,
-    lengths or range (``{"const": 3, "type": "string"}`` gave 3)."""
+    lengths, range, ``pattern`` or ``format`` (``{"const": 3, "type": "string"}`` gave 3), a format
+    judged by `fits_format` (:class:`_StringCheck`)."""
+    strings = _StringCheck(fits_format)
     for node, where in _subschemas(schema):
-        found = _unenforced(node)
+        found = _unenforced(node, strings)
         if found is not None:
             what, fix = found
             raise GrammarError(
@@ -517,6 +568,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._held: Counter[str] = Counter()  # schemas :meth:`hold` keeps in the cache (never evicted)
+        self._formats: dict[str, Any] = {}  # CHECKED_FORMATS' string grammars (:meth:`_fits_format`)
         self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="grammar")
         self._closing: Future = Future()  # done once close() runs: ends every wait for a compile
 
@@ -530,6 +582,21 @@ class GrammarCompiler:
             schema = response_format["json_schema"]["schema"]
             return json.dumps(schema, sort_keys=True), schema
         raise GrammarError(f"response_format type {kind!r} has no grammar (json_object or json_schema)")
+
+    def _fits_format(self, fmt: str, value: str) -> bool | None:
+        """Whether xgrammar's grammar for strings of JSON Schema format `fmt` takes `value` (None: a
+        format whose strings it does not restrict), that grammar compiled once per format."""
+        if fmt not in CHECKED_FORMATS:
+            return None
+        with self._lock:
+            grammar = self._formats.get(fmt)
+        if grammar is None:
+            schema = json.dumps({"type": "string", "format": fmt})
+            grammar = self._compiler.compile_json_schema(schema, any_whitespace=False)
+            with self._lock:
+                self._formats[fmt] = grammar
+        matcher = self._xgr.GrammarMatcher(grammar)
+        return bool(matcher.accept_string(json.dumps(value)) and matcher.is_completed())
 
     def _compile_now(self, key: str) -> Any:
         try:
@@ -551,7 +618,7 @@ class GrammarCompiler:
                 self._cache.move_to_end(key)
         if future is None:  # a schema not seen (or evicted): checked once, then compiled
             check_schema(schema, key)
-            check_enforceable(schema)
+            check_enforceable(schema, self._fits_format)
             with self._lock:
                 self._check_open()
                 future = self._cache.get(key)

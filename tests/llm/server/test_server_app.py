@@ -410,6 +410,154 @@ def test_an_ignored_field_is_logged_once_per_name(caplog):
     assert len(said) == 2 and "'frobnicate'" in said[0] and "'verbosity'" in said[1], said
 
 
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "meant"),
+    [
+        ([{"role": "user", "contnet": "hi"}], "messages.0.contnet", "messages.0.content"),
+        (
+            [{"role": "user", "content": "a"}, {"role": "tool", "toolCallId": "c1", "content": "{}"}],
+            "messages.1.toolCallId",
+            "messages.1.tool_call_id",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "text", "txt": "hi"}]}],
+            "messages.0.content.0.txt",
+            "messages.0.content.0.text",
+        ),
+        (
+            [{"role": "assistant", "content": [{"type": "refusal", "refusl": "no"}]}],
+            "messages.0.content.0.refusl",
+            "messages.0.content.0.refusal",
+        ),
+        (
+            [{"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "fucntion": {}}]}],
+            "messages.0.tool_calls.0.fucntion",
+            "messages.0.tool_calls.0.function",
+        ),
+        (
+            [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "argumnets": "{}"}}]}],
+            "messages.0.tool_calls.0.function.argumnets",
+            "messages.0.tool_calls.0.function.arguments",
+        ),
+    ],
+)
+def test_a_misspelled_field_inside_a_message_is_a_400_naming_where_it_is(messages, param, meant):
+    """Inside messages, their content parts and tool calls, unknown fields were ignored silently: a
+    message's "contnet" sent an empty turn, a tool call's "argumnets" none. As at the top level, a
+    misspelling of a field read there is a 400 naming it, where it is, and the field meant."""
+    from trtforge.llm.server.protocol import ApiError, check_fields
+
+    with pytest.raises(ApiError) as e:
+        check_fields(_parsed("chat", {"messages": messages}))
+    assert e.value.status == 400 and e.value.param == param, e.value.message
+    assert e.value.message.startswith(f"{param}: ") and f"did you mean {meant}?" in e.value.message
+
+
+def test_openais_message_fields_not_read_are_accepted_and_logged_once_per_name():
+    """A message's, content part's or tool call's field of OpenAI's schema that the server does not read
+    (an assistant turn's refusal, audio, function_call; annotations a client echoes back from a response;
+    a part's prompt_cache_breakpoint) is no misspelling: accepted, and named once for the log however many
+    messages hold it. No field the openai client's message, part or tool call types hold is refused."""
+    pytest.importorskip("openai")
+    from openai.types.chat import (
+        ChatCompletionAssistantMessageParam,
+        ChatCompletionContentPartImageParam,
+        ChatCompletionContentPartInputAudioParam,
+        ChatCompletionContentPartRefusalParam,
+        ChatCompletionContentPartTextParam,
+        ChatCompletionDeveloperMessageParam,
+        ChatCompletionFunctionMessageParam,
+        ChatCompletionMessageCustomToolCallParam,
+        ChatCompletionMessageFunctionToolCallParam,
+        ChatCompletionSystemMessageParam,
+        ChatCompletionToolMessageParam,
+        ChatCompletionUserMessageParam,
+    )
+    from openai.types.chat.chat_completion_content_part_param import File
+    from openai.types.chat.chat_completion_message_custom_tool_call_param import Custom
+    from openai.types.chat.chat_completion_message_function_tool_call_param import Function
+
+    from trtforge.llm.server import protocol as p
+
+    messages = (ChatCompletionAssistantMessageParam, ChatCompletionDeveloperMessageParam)
+    messages += (ChatCompletionFunctionMessageParam, ChatCompletionSystemMessageParam)
+    messages += (ChatCompletionToolMessageParam, ChatCompletionUserMessageParam)
+    parts = {
+        "text": ChatCompletionContentPartTextParam,
+        "refusal": ChatCompletionContentPartRefusalParam,
+        "image_url": ChatCompletionContentPartImageParam,
+        "input_audio": ChatCompletionContentPartInputAudioParam,
+        "file": File,
+    }
+    calls = (ChatCompletionMessageFunctionToolCallParam, ChatCompletionMessageCustomToolCallParam)
+    for where, types, read in [
+        ("messages.*", messages, set(p._model_fields(p.ChatMessage.model_construct()))),
+        ("messages.*.tool_calls.*", calls, p.TOOL_CALL_FIELDS[""]),
+        ("messages.*.tool_calls.*.function", (Function,), p.TOOL_CALL_FIELDS["function"]),
+        ("messages.*.tool_calls.*.custom", (Custom,), p.TOOL_CALL_FIELDS["custom"]),
+        *[("messages.*.content.*", (t,), p.PART_FIELDS[kind]) for kind, t in parts.items()],
+    ]:
+        sent = set().union(*(t.__annotations__ for t in types))
+        unlisted = sent - set(read) - p.OTHER_FIELDS[where]
+        refused = {name: p._misspelled(name, sorted(read)) for name in unlisted}
+        assert not {k: v for k, v in refused.items() if v}, f"{where}: {refused}"
+
+    echoed = {"role": "assistant", "content": "x", "refusal": None, "audio": {"id": "a"}, "annotations": []}
+    turn = {"role": "user", "content": [{"type": "text", "text": "hi", "prompt_cache_breakpoint": {}}]}
+    old = {"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}, "tool_calls": [CALL]}
+    ignored = check_fields_of([turn, old, *[echoed, turn] * 100])  # (300 fields of OpenAI's: no bound)
+    assert sorted(ignored) == [
+        "messages.*.annotations",
+        "messages.*.audio",
+        "messages.*.content.*.prompt_cache_breakpoint",
+        "messages.*.function_call",
+        "messages.*.refusal",
+    ], ignored
+
+
+def check_fields_of(messages: list) -> list[str]:
+    from trtforge.llm.server.protocol import check_fields
+
+    return check_fields(_parsed("chat", {"messages": messages}))
+
+
+def test_unknown_fields_inside_messages_count_toward_the_bound():
+    """Each unknown field is matched against the fields read: those of messages, parts and tool calls count
+    toward MAX_UNKNOWN_FIELDS with the request's own, so thousands of messages of unknown fields cannot
+    hold the event loop; one far from every name read is accepted and logged once."""
+    from trtforge.llm.server.protocol import MAX_UNKNOWN_FIELDS, ApiError
+
+    part = {"type": "text", "text": "a", "frobnicate": 1}
+    many = [{"role": "user", "content": [part], "frobnicate": 1}] * (MAX_UNKNOWN_FIELDS // 2 + 1)
+    with pytest.raises(ApiError, match=f"{MAX_UNKNOWN_FIELDS + 2} fields this server does not read"):
+        check_fields_of(many)
+    ignored = check_fields_of(many[: MAX_UNKNOWN_FIELDS // 2])
+    assert ignored == ["messages.*.frobnicate", "messages.*.content.*.frobnicate"], ignored
+
+
+@pytest.mark.parametrize("kind", ["image_url", "input_audio", "file", "video_url"])
+def test_a_content_part_of_other_media_is_a_400_and_a_refusal_part_is_text(kind):
+    """A text-only model cannot read an image, audio or file part: a 400 naming the part and saying so
+    (answered without it, the request would be another question). A refusal part (an assistant turn's
+    words, a type OpenAI's assistant messages take) was a 400: it is the turn's text, as vLLM reads it."""
+    from trtforge.llm.server.protocol import ApiError, ChatMessage
+
+    refusal = ChatMessage(
+        role="assistant", content=[{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "b"}]
+    )
+    assert refusal.text("messages.0.content") == "ab"
+    m = ChatMessage(role="user", content=[{"type": "text", "text": "a"}, {"type": kind, kind: {}}])
+    with pytest.raises(ApiError) as e:
+        m.text("messages.3.content")
+    assert e.value.param == "messages.3.content.1", e.value.message
+    said = e.value.message
+    assert said.startswith(f"messages.3.content.1: a content part of type '{kind}'") and "only text" in said
+    assert ("reads text only" in said) == (kind != "video_url"), said
+
+
 @pytest.mark.parametrize(
     "content_type", [None, "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded"]
 )

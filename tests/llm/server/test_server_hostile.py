@@ -404,6 +404,19 @@ def test_a_schema_of_many_slow_patterns_is_a_400_at_once(server):
     server.wait_blocks_free()
 
 
+def test_a_schema_whose_const_breaks_its_own_pattern_is_a_400_naming_its_place(server):
+    """A const or enum string was checked against its schema's type, lengths and range, not its pattern:
+    xgrammar serves the value and leaves the pattern out, so the "structured" output broke the schema."""
+    code = {"type": "string", "const": "abc", "pattern": "^[0-9]+$"}
+    schema = {"type": "object", "properties": {"code": code}, "required": ["code"]}
+    err = _error(_post(server, _schema_body(schema)))
+    assert err["param"] == "response_format", err
+    assert "the schema's $.properties.code uses 'pattern' '^[0-9]+$' beside 'const' 'abc'" in err["message"]
+    ok = _post(server, _schema_body({**schema, "properties": {"code": {**code, "const": "123"}}}))
+    assert ok.status_code == 200, ok.text
+    server.wait_blocks_free()
+
+
 def test_other_clients_are_served_while_a_schema_compiles(server):
     """A legal but slow schema (six 4,000-character patterns: seconds to compile) compiles off the event
     loop and the engine's lock: a health check and a plain completion answer meanwhile."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -113,3 +114,66 @@ def test_a_stream_whose_client_reads_nothing_is_cancelled_at_the_timeout(slow):
         assert "ASGI callable" not in log, log
     finally:
         s.close()
+
+
+@pytest.fixture(scope="module")
+def stalling(tmp_path_factory):
+    """slow_long's server with --send-timeout 1 and no --request-timeout."""
+    model = need_model()
+    args = ["--tokenizer", str(model), "--served-model-name", NAME, "--send-timeout", "1"]
+    args += ["--max-num-seqs", "16", "--num-blocks", "4200"]
+    s = Server("tests.llm.server.faulty:slow_long", args, tmp_path_factory.mktemp("stall") / "server.log")
+    yield s
+    assert s.stop() == 0
+    assert "Traceback" not in s.log(), s.log()
+
+
+def test_a_stream_whose_client_never_reads_is_cut_at_the_send_timeout(stalling):
+    """A streaming client that sends its request and never reads, with no --request-timeout: once the
+    socket's buffers filled, every send waited on it, and its request ran on to max_tokens (40 s or more
+    here) and then held its socket for ever. Now a send waiting past --send-timeout cuts the stream: its
+    16 sequences leave the engine (every KV block back) long before their 4,000 tokens, it is counted 408,
+    and its connection is dropped at once (a close, uvicorn's, would wait for the client to read the
+    buffered bytes first)."""
+    body = json.dumps({**LONG, "max_tokens": 4000, "n": 16, "logprobs": 20, "stream": True}).encode()
+    key = 'trtforge_requests_total{endpoint="completions",status="408"}'
+    before = stalling.metrics().get(key, 0)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: the window it offers)
+    try:
+        s.connect(("127.0.0.1", stalling.port))
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        start = time.monotonic()
+        _wait_for(lambda: stalling.metrics()["trtforge_num_requests_running"] == 16)
+        m = stalling.wait_blocks_free(timeout=30)  # (its 4,000 tokens would take 40 s or more)
+        assert time.monotonic() - start < 30
+        assert m["trtforge_generation_tokens_total"] < 16 * 4000 / 2
+        _wait_for(lambda: stalling.metrics()["trtforge_http_requests_in_flight"] == 0)
+        _wait_for(lambda: stalling.metrics().get(key, 0) == before + 1)
+        s.settimeout(10)
+        read = 0
+        with contextlib.suppress(ConnectionResetError):  # (the server's reset may come before any EOF)
+            while chunk := s.recv(2**16):
+                read += len(chunk)
+        # what the client's own small buffer held, not the server's buffered megabytes (a close waits for
+        # the client to read those)
+        assert read < 2**16, read
+        log = stalling.log()
+        assert "read nothing for --send-timeout 1 s" in log, log
+        assert "ASGI callable" not in log, log
+    finally:
+        s.close()
+
+
+def test_send_timeout_is_a_serving_option_with_a_default(built_state):
+    from trtforge.errors import UserError
+    from trtforge.llm.server.app import DEFAULT_SEND_TIMEOUT
+    from trtforge.llm.server.run import ServeOptions
+
+    assert built_state(None, "m", ServeOptions()).send_timeout == DEFAULT_SEND_TIMEOUT == 60.0
+    assert built_state(None, "m", ServeOptions(send_timeout=2.5)).send_timeout == 2.5
+    with pytest.raises(UserError, match="--send-timeout nan"):
+        ServeOptions(send_timeout=float("nan"))

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import os
+import socket
+import struct
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -43,7 +46,7 @@ from trtforge.llm.server.protocol import (
     response_format,
     sampling_params,
 )
-from trtforge.llm.server.responses import Pumps, SSEResponse, full_body, stream
+from trtforge.llm.server.responses import ABORT_CONNECTION, Pumps, SSEResponse, full_body, stream
 from trtforge.llm.structured import GrammarError
 from trtforge.llm.text import apply_chat_template, check_text
 
@@ -52,6 +55,11 @@ log = logging.getLogger("trtforge.serve")
 
 TOKENIZE_THREADS = 4  # encodes take the tokenizer's lock in turn: more threads only wait
 COMPILE_WAIT_THREADS = 32  # each waits on a schema's compile (the compiler's own threads do the work)
+
+
+# seconds a stream's send waits for a client that reads nothing (--send-timeout): its socket's buffers are
+# full by then (megabytes), so a client that reads at all drains them far sooner
+DEFAULT_SEND_TIMEOUT = 60.0
 
 
 def default_intake() -> int:
@@ -76,6 +84,8 @@ class ServerState:
     request_timeout: float | None = None
     max_request_bytes: int = 16 * 2**20
     body_timeout: float = 60.0  # seconds a body may take to arrive (408 past them)
+    # seconds a stream's send may wait for its client to read (responses.SSEResponse); None: no limit
+    send_timeout: float | None = DEFAULT_SEND_TIMEOUT
     max_intake: int | None = None  # requests read, parsed and tokenized at once; None: default_intake()
     allowed_origins: tuple[str, ...] = ()  # origins granted CORS (:func:`create_app`); none: no browser page
     vocab_size: int | None = None  # the model's logits' width: logit_bias ids are checked against it
@@ -88,7 +98,8 @@ class ServerState:
     structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
     requests: int = 0
-    # streams closed on a client that read nothing past the timeout, not yet logged by uvicorn
+    # streams cut on a client that reads nothing whose connection could not be reset (no uvicorn transport),
+    # not yet logged by uvicorn
     streams_cut: int = 0
     # the ignored request fields logged so far (:func:`_log_ignored`: each name once)
     ignored_logged: set[str] = field(default_factory=set, init=False)
@@ -652,6 +663,30 @@ def _make_choices(
     return choices
 
 
+class _App(FastAPI):
+    """FastAPI, each HTTP request's scope holding a function that drops its connection at once (under
+    uvicorn, whose send is its request cycle's, the cycle's transport's abort): a stream cut on a client
+    that reads nothing must let go of its socket (:class:`~trtforge.llm.server.responses.SSEResponse`),
+    and uvicorn's close of it waits for that client to read the bytes it still holds."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        if scope["type"] == "http" and callable(getattr(transport, "abort", None)):
+            scope[ABORT_CONNECTION] = functools.partial(_reset, transport)
+        await super().__call__(scope, receive, send)
+
+
+def _reset(transport: Any) -> None:
+    """Drop `transport`'s connection now, with a reset: the bytes it holds are discarded, those in the
+    socket's kernel buffer too (an abort alone closes the socket, and the kernel goes on delivering its
+    megabytes to a client that reads nothing, as an orphaned socket)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 def create_app(state: ServerState) -> FastAPI:
     """The app over `state` (``trtforge serve`` runs it with uvicorn)."""
 
@@ -664,7 +699,7 @@ def create_app(state: ServerState) -> FastAPI:
             state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
             state.compile_pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = _App(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.trtforge = state
     if state.allowed_origins:
         # (vLLM's --allowed-origins, off unless given: vLLM's default "*" lets any page a user visits call a

@@ -3,8 +3,9 @@
 Field names and ranges follow OpenAI's API, plus vLLM's extensions (top_k, min_p, repetition_penalty,
 ignore_eos, stop_token_ids). Unknown fields are ignored (OpenAI's own that this server does not read, such as
 ``user``, and other servers' extensions), the server logging each name once, except one that misspells a
-field this server reads (``max_token``, ``temprature``, ``maxTokens``): a 400 naming both
-(:func:`check_fields`), since ignoring it would leave that field at its default unseen. Types are
+field this server reads (``max_token``, ``temprature``, ``maxTokens``, a message's ``contnet``): a 400 naming
+both and where it is (:func:`check_fields`, in the request and its stream_options, response_format, messages,
+their content parts and tool calls), since ignoring it would leave that field at its default unseen. Types are
 strict, as OpenAI's are: an integer field takes no ``true``, ``"2"`` or ``2.0``, a boolean no ``"yes"`` or
 ``1`` (a number field does take an integer: ``temperature: 1``); NaN and infinities are refused. ``null``
 for an optional field means its default, as OpenAI's nullable fields do. A bad field becomes
@@ -19,6 +20,7 @@ import functools
 import json
 import re
 import sys
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -185,6 +187,32 @@ OTHER_FIELDS: dict[str, frozenset[str]] = {
     ),
     "stream_options": frozenset({"include_obfuscation"}),
     "response_format.json_schema": frozenset({"description"}),
+    # a message: OpenAI's (an assistant turn's audio, refusal and deprecated function_call; annotations, which
+    # clients echo back from a response's message), vLLM's (a reasoning model's reasoning, echoed back)
+    "messages.*": frozenset(
+        {"audio", "refusal", "function_call", "annotations", "reasoning", "reasoning_content"}
+    ),
+    "messages.*.content.*": frozenset({"prompt_cache_breakpoint"}),
+    "messages.*.tool_calls.*": frozenset(),
+    "messages.*.tool_calls.*.function": frozenset(),
+    "messages.*.tool_calls.*.custom": frozenset(),
+}
+# a content part's fields by its type (OpenAI's types; those but text and refusal are refused by
+# :meth:`ChatMessage.text`), and a tool call's (given to the chat template as sent): what check_fields
+# matches an unknown field of theirs against (a part of another type: against every part field)
+PART_FIELDS: dict[str, frozenset[str]] = {
+    "text": frozenset({"type", "text"}),
+    "refusal": frozenset({"type", "refusal"}),
+    "image_url": frozenset({"type", "image_url"}),
+    "input_audio": frozenset({"type", "input_audio"}),
+    "file": frozenset({"type", "file"}),
+}
+_ANY_PART_FIELDS = frozenset().union(*PART_FIELDS.values())
+MEDIA_PARTS = ("image_url", "input_audio", "file")  # OpenAI's content parts of other media than text
+TOOL_CALL_FIELDS: dict[str, frozenset[str]] = {
+    "": frozenset({"id", "type", "function", "custom"}),
+    "function": frozenset({"name", "arguments"}),
+    "custom": frozenset({"name", "input"}),
 }
 # the fields that only label a request (for billing, caching, tracing) and change nothing in its answer:
 # ignored without a log line
@@ -215,51 +243,105 @@ def _misspelled(name: str, fields: list[str]) -> str | None:
     return close[0] if close else None
 
 
-def _objects(req: BaseModel) -> list[tuple[str, BaseModel]]:
-    """`req` and the objects of it that keep their unknown fields (:class:`_Open`), each with its path."""
-    out: list[tuple[str, BaseModel]] = [("", req)]
-    stream = getattr(req, "stream_options", None)
-    if stream is not None:
-        out.append(("stream_options", stream))
+# (its path in the request, its path as OTHER_FIELDS keys it (each array index a *), the fields read there,
+# its fields that are not)
+_Object = tuple[str, str, frozenset[str], dict[str, Any]]
+
+
+def _unread(obj: dict[str, Any], read: frozenset[str]) -> dict[str, Any]:
+    """The fields of raw JSON object `obj` (a content part, a tool call) that are not in `read`."""
+    return {k: obj[k] for k in obj.keys() - read} if not obj.keys() <= read else {}
+
+
+def _model_fields(model: BaseModel) -> frozenset[str]:
+    """The names (as the JSON spells them) of `model`'s fields."""
+    return _class_fields(type(model))
+
+
+@functools.cache
+def _class_fields(cls: type[BaseModel]) -> frozenset[str]:
+    return frozenset(f.alias or n for n, f in cls.model_fields.items())
+
+
+def _objects(req: BaseModel) -> Iterator[_Object]:
+    """The objects of `req` holding fields this server does not read (:data:`_Object` each): the request
+    and its stream_options and response_format (kept as model_extra), its messages, their content parts,
+    their tool calls and those calls' function or custom objects (raw JSON, checked against
+    :data:`PART_FIELDS` and :data:`TOOL_CALL_FIELDS`). Made one at a time: a conversation echoed back
+    from responses may hold hundreds of thousands of messages of OpenAI's fields."""
+    text_part = PART_FIELDS["text"]
+    yield "", "", _model_fields(req), req.model_extra or {}
+    for name in ("stream_options", "response_format"):
+        obj = getattr(req, name, None)
+        if obj is not None and obj.model_extra:
+            yield name, name, _model_fields(obj), obj.model_extra
     fmt = getattr(req, "response_format", None)
-    if fmt is not None:
-        out.append(("response_format", fmt))
-        if fmt.json_schema is not None:
-            out.append(("response_format.json_schema", fmt.json_schema))
-    return out
+    if fmt is not None and fmt.json_schema is not None and fmt.json_schema.model_extra:
+        where = "response_format.json_schema"
+        yield where, where, _model_fields(fmt.json_schema), fmt.json_schema.model_extra
+    for i, m in enumerate(getattr(req, "messages", ())):
+        if m.model_extra:
+            yield f"messages.{i}", "messages.*", _model_fields(m), m.model_extra
+        if isinstance(m.content, list):
+            for j, part in enumerate(m.content):
+                if part.keys() <= text_part:  # (most parts: a text part of its fields alone)
+                    continue
+                kind = part.get("type")
+                read = PART_FIELDS.get(kind, _ANY_PART_FIELDS) if isinstance(kind, str) else _ANY_PART_FIELDS
+                yield f"messages.{i}.content.{j}", "messages.*.content.*", read, _unread(part, read)
+        for j, call in enumerate(m.tool_calls or ()):
+            at = f"messages.{i}.tool_calls.{j}"
+            yield at, "messages.*.tool_calls.*", TOOL_CALL_FIELDS[""], _unread(call, TOOL_CALL_FIELDS[""])
+            for key in ("function", "custom"):
+                inner = call.get(key)
+                if isinstance(inner, dict):
+                    read = TOOL_CALL_FIELDS[key]
+                    yield f"{at}.{key}", f"messages.*.tool_calls.*.{key}", read, _unread(inner, read)
 
 
 def check_fields(req: BaseModel) -> list[str]:
     """The paths of `req`'s fields that this server ignores (unknown ones, and other APIs' it does not
-    read), but for :data:`LABEL_FIELDS`; ApiError 400 for one that misspells a field it reads (as OpenAI
-    answers an unknown field), naming both: ignored, it would leave the field meant at its default; 400
-    too past :data:`MAX_UNKNOWN_FIELDS` unknown fields (no client sends so many)."""
-    objects = _objects(req)
-    unknown = sum(len(obj.model_extra or ()) for _, obj in objects)
-    if unknown > MAX_UNKNOWN_FIELDS:
+    read), but for :data:`LABEL_FIELDS`, each once (a message's as ``messages.*.refusal``); ApiError 400
+    for one that misspells a field it reads (as OpenAI answers an unknown field), naming both and where it
+    is (``messages.2.contnet``): ignored, it would leave the field meant at its default; 400 too past
+    :data:`MAX_UNKNOWN_FIELDS` unknown fields, OTHER_FIELDS' not counted (no client sends so many), before
+    any is matched."""
+    unknown: list[tuple[str, frozenset[str], str]] = []  # (where, the fields read there, name) to match
+    count = 0
+    ignored: dict[tuple[str, str], None] = {}  # (generic path, name): each once, however many messages
+    for where, generic, read, extra in _objects(req):
+        other = OTHER_FIELDS.get(generic, frozenset())
+        for name, value in extra.items():
+            if name not in other:
+                count += 1
+                if count > MAX_UNKNOWN_FIELDS:
+                    continue
+                if value is not None:  # (null is "unset": no misspelling left a field at its default)
+                    unknown.append((where, read, name))
+            ignored[generic, name] = None
+    if count > MAX_UNKNOWN_FIELDS:
         raise ApiError(
             400,
-            f"the request holds {unknown:,} fields this server does not read; at most "
+            f"the request holds {count:,} fields this server does not read; at most "
             f"{MAX_UNKNOWN_FIELDS} are ignored",
         )
-    ignored = []
-    for where, obj in objects:
-        fields = [f.alias or n for n, f in type(obj).model_fields.items()]
-        other = OTHER_FIELDS.get(where, frozenset())
-        for name, value in (obj.model_extra or {}).items():
+    for where, read, name in unknown:
+        meant = _misspelled(name, sorted(read))
+        if meant is not None:
             path = f"{where}.{_printable(name)}" if where else _printable(name)
-            meant = None if name in other or value is None else _misspelled(name, fields)
-            if meant is not None:
-                said = f"{where}.{meant}" if where else meant
-                raise ApiError(
-                    400,
-                    f"{path}: not a field of this API; did you mean {said}? (unknown fields are ignored, and "
-                    f"{said} would have been left at its default)",
-                    path,
-                )
-            if not (where == "" and name in LABEL_FIELDS | UNSERVED.keys() | UNSERVED_CHAT.keys()):
-                ignored.append(path)
-    return ignored
+            said = f"{where}.{meant}" if where else meant
+            raise ApiError(
+                400,
+                f"{path}: not a field of this API; did you mean {said}? (unknown fields are ignored, and "
+                f"{said} would have been left at its default)",
+                path,
+            )
+    labels = LABEL_FIELDS | UNSERVED.keys() | UNSERVED_CHAT.keys()
+    return [
+        f"{generic}.{_printable(name)}" if generic else _printable(name)
+        for generic, name in ignored
+        if not (generic == "" and name in labels)
+    ]
 
 
 class _Sampling(_Open):
@@ -347,7 +429,7 @@ class CompletionRequest(_Sampling):
             )
 
 
-class ChatMessage(_Base):
+class ChatMessage(_Open):
     role: str
     content: str | list[dict[str, Any]] | None = None
     # given to the chat template as OpenAI's clients send them (a participant's name, an assistant turn's
@@ -382,21 +464,27 @@ class ChatMessage(_Base):
         return out
 
     def text(self, where: str) -> str:
-        """The message's text (its text parts joined); ApiError 400 naming the part of `where` (the field
-        path of this message's content) that is not a text part."""
+        """The message's text (its text and refusal parts joined: a refusal part is an assistant turn's
+        words, as vLLM renders it); ApiError 400 naming the part of `where` (the field path of this
+        message's content) of another type. OpenAI's image_url, input_audio and file parts are refused
+        saying so: the model reads text only, and answering without them would answer another question."""
         if isinstance(self.content, list):
             parts = []
             for j, part in enumerate(self.content):
-                kind, text = part.get("type"), part.get("text")
-                if kind != "text":
+                kind = part.get("type")
+                if kind not in ("text", "refusal"):
+                    media = ", which this server does not take (its model reads text only)"
+                    media = media if kind in MEDIA_PARTS else ""
                     raise ApiError(
                         400,
-                        f"{where}.{j}: a content part of type {shown(kind)}; only text parts are supported "
-                        '({"type": "text", "text": "..."})',
+                        f"{where}.{j}: a content part of type {shown(kind)}{media}; "
+                        "only text parts are supported "
+                        '({"type": "text", "text": "..."}), and an assistant\'s refusal parts',
                         f"{where}.{j}",
                     )
+                text = part.get(kind)
                 if not isinstance(text, str):
-                    param = f"{where}.{j}.text"
+                    param = f"{where}.{j}.{kind}"
                     raise ApiError(400, f"{param}: expected a string, got {_json_type(text)}", param)
                 parts.append(text)
             return "".join(parts)

@@ -178,47 +178,94 @@ def full_body(
 # seconds a stream past --request-timeout (its generation already cancelled) has to deliver what it holds,
 # its 504 error event and [DONE] included, before its connection is closed on a client that reads nothing
 STREAM_CLOSE_GRACE = 5.0
+# the scope key of a function that drops the request's connection at once (app.create_app sets it where the
+# server is uvicorn): closing it, uvicorn's way, waits for the bytes it holds to be read, forever for a client
+# that reads nothing
+ABORT_CONNECTION = "trtforge.abort_connection"
+_timeout = getattr(asyncio, "timeout", None)  # (Python 3.11+: no task per send, as wait_for makes)
+
+
+class ClientStalled(Exception):
+    """A stream's send waited past --send-timeout on a client that reads nothing."""
 
 
 class SSEResponse(StreamingResponse):
     """A stream's response, counted in /metrics' requests by status once it ends, by how it ended
     (:attr:`Pumps.status`): 200 when every choice finished, an error event's code (504 past
-    --request-timeout, 500, 503), 499 when the client left first. Its HTTP status line is 200 from the
-    start whatever follows, so counting it there called a stream that timed out or failed a success.
+    --request-timeout, 500, 503), 408 when its client read nothing for --send-timeout, 499 when the
+    client left first. Its HTTP status line is 200 from the start whatever follows, so counting it there
+    called a stream that timed out or failed a success.
 
-    Under --request-timeout its generation is cancelled at the deadline (:class:`Pumps`) and its sending
-    ends :data:`STREAM_CLOSE_GRACE` seconds later: a client that stops reading blocks every send once the
-    socket's buffers fill (uvicorn waits for the transport to drain), so the body's own deadline was never
-    reached; the request ran to max_tokens and its response waited on the client forever."""
+    A client that stops reading blocks every send once the socket's buffers fill (uvicorn waits for the
+    transport to drain): the body waits on it, and so would its request's KV blocks and socket, forever.
+    So each send waits at most ``state.send_timeout`` seconds (--send-timeout); past them the stream is
+    cut: its choices are cancelled (their blocks return at the engine's next step) and its connection is
+    dropped. Under --request-timeout, its generation is cancelled at the deadline (:class:`Pumps`) and its
+    sending cut :data:`STREAM_CLOSE_GRACE` seconds later, whichever comes first."""
 
     def __init__(self, body: AsyncIterator[str], state: Any, endpoint: str, pumps: Pumps) -> None:
         super().__init__(body, media_type="text/event-stream")
         self.state, self.endpoint, self.pumps = state, endpoint, pumps
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        state, pumps = self.state, self.pumps
         try:
-            if self.pumps.deadline is None:
-                await super().__call__(scope, receive, send)
-                return
-            left = self.pumps.deadline + STREAM_CLOSE_GRACE - time.monotonic()
+            left = None if pumps.deadline is None else pumps.deadline + STREAM_CLOSE_GRACE - time.monotonic()
             try:
-                await asyncio.wait_for(super().__call__(scope, receive, send), max(left, 0.0))
+                await asyncio.wait_for(super().__call__(scope, receive, self._bounded(send)), left)
             except asyncio.TimeoutError:
-                self.pumps.status = self.pumps.status or "504"
-                self.state.streams_cut += 1  # (uvicorn's "returned without completing response" is ours)
-                log.warning(
-                    "a stream's client read nothing for %g s past --request-timeout %g s: its generation "
-                    "was cancelled at the timeout and its connection is closed",
-                    STREAM_CLOSE_GRACE,
-                    self.state.request_timeout,
-                )
-                with contextlib.suppress(Exception):
-                    await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                late = f"{STREAM_CLOSE_GRACE:g} s past --request-timeout {state.request_timeout:g} s"
+                why = f"read nothing for {late}: its generation was cancelled at the timeout"
+                await self._cut(scope, receive, "504", why)
+            except ClientStalled:
+                why = f"read nothing for --send-timeout {state.send_timeout:g} s: its generation is cancelled"
+                await self._cut(scope, receive, "408", why)
         except Exception:
-            self.pumps.status = self.pumps.status or "500"
+            pumps.status = pumps.status or "500"
             raise
         finally:
-            self.state.metrics.requests.labels(self.endpoint, self.pumps.status or "499").inc()
+            state.metrics.requests.labels(self.endpoint, pumps.status or "499").inc()
+
+    def _bounded(self, send: Any) -> Any:
+        """`send`, each call waiting at most --send-timeout for the client to read (ClientStalled past it)."""
+        limit = self.state.send_timeout
+        if limit is None:
+            return send
+
+        async def bounded(message: Any) -> None:
+            try:
+                if _timeout is not None:
+                    async with _timeout(limit):
+                        await send(message)
+                else:
+                    await asyncio.wait_for(send(message), limit)
+            except asyncio.TimeoutError:
+                raise ClientStalled from None
+
+        return bounded
+
+    async def _cut(self, scope: Any, receive: Any, status: str, why: str) -> None:
+        """End a stream whose client reads nothing: its choices cancelled, its connection dropped."""
+        self.pumps.cancel()
+        self.pumps.status = self.pumps.status or status
+        log.warning("a stream's client %s, and its connection is closed", why)
+        with contextlib.suppress(Exception):
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+        abort = scope.get(ABORT_CONNECTION)
+        if abort is None:
+            self.state.streams_cut += 1  # (uvicorn's "returned without completing response" is ours)
+            return
+        abort()
+        # returning once the server has seen the connection go (a loop turn later), it neither logs the
+        # response as left incomplete nor closes the connection again
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_disconnected(receive), 1.0)
+
+
+async def _disconnected(receive: Any) -> None:
+    """Returns once ASGI's `receive` says the client is gone."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class Pumps:

@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any
 
 from trtforge.errors import TrtforgeError, TrtforgeWarning, UserError, shown
-from trtforge.llm.server.app import ServerState, create_app
+from trtforge.llm.server.app import DEFAULT_SEND_TIMEOUT, ServerState, create_app
 
 log = logging.getLogger("trtforge.serve")
 
@@ -51,6 +51,7 @@ class ServeOptions:
     request_timeout: float | None = None
     max_request_bytes: int = 16 * 2**20
     body_timeout: float = 60.0
+    send_timeout: float | None = DEFAULT_SEND_TIMEOUT
     max_intake: int | None = None  # None: app.default_intake()
     shutdown_grace: float = 30.0
     log_level: str = "warning"
@@ -86,6 +87,7 @@ class ServeOptions:
         timeouts = {
             "--request-timeout": self.request_timeout,
             "--body-timeout": self.body_timeout,
+            "--send-timeout": self.send_timeout,
             "--shutdown-grace": self.shutdown_grace,
         }
         for flag, value in timeouts.items():
@@ -163,6 +165,7 @@ def run(
         request_timeout=options.request_timeout,
         max_request_bytes=options.max_request_bytes,
         body_timeout=options.body_timeout,
+        send_timeout=options.send_timeout,
         max_intake=options.max_intake,
         allowed_origins=options.allowed_origins,
         vocab_size=getattr(facts, "vocab_size", None),
@@ -272,7 +275,7 @@ class _QuietCancellations(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         state = self.state
         if state.streams_cut and record.getMessage() == "ASGI callable returned without completing response.":
-            state.streams_cut -= 1  # a stream cut past --request-timeout (responses.SSEResponse logged why)
+            state.streams_cut -= 1  # a stream cut on a client that reads nothing (SSEResponse logged why)
             return False
         return not (self.server.should_exit and isinstance(exc, asyncio.CancelledError))
 
