@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from trtforge._fileio import show_path
-from trtforge.cli._options import from_params, option_group
+from trtforge.cli._options import from_params, option_group, passes_from_params
 from trtforge.core.policy import PassOptions, PrecisionOptions
 
 EXAMPLES = """\b
@@ -73,7 +73,7 @@ def optimize_cmd(
     from trtforge.errors import UserError
     from trtforge.passes.pipeline import optimize_model
 
-    passes = from_params(PassOptions, params)
+    passes = passes_from_params(params)
     precision = from_params(PrecisionOptions, params)
     if precision.mode == "int8":
         raise UserError(
