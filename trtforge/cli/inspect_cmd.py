@@ -177,7 +177,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     """Summarize FILE: an ONNX model (I/O, opset, op histogram) or an engine (its manifest)."""
     from rich.console import Console
 
-    from trtforge._fileio import json_finite
+    from trtforge._fileio import json_text
     from trtforge.cli._render import generation_line, manifest_tables, onnx_tables, print_all
     from trtforge.core.manifest import manifest_path_for, read_engine
     from trtforge.errors import UserError
@@ -191,13 +191,13 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     if path.suffix.lower() == ".onnx" or (not manifest_path_for(engine).exists() and _parses_as_onnx(path)):
         summary = summarize_onnx(path)
         if as_json:
-            click.echo(json.dumps(json_finite(summary), indent=2, allow_nan=False))
+            click.echo(json_text(summary))
         else:
             print_all(console, onnx_tables(summary))
         return
     manifest, _ = read_engine(engine)
     if as_json:
-        click.echo(json.dumps(json_finite(summarize_engine(engine, manifest)), indent=2, allow_nan=False))
+        click.echo(json_text(summarize_engine(engine, manifest)))
     else:
         print_all(console, manifest_tables(manifest, engine))
         if manifest.generation is not None:  # a decoder step engine (compile --generate)
