@@ -68,7 +68,8 @@ report is replaced whole (staged beside it, then swapped in): a failed or
 interrupted run leaves the earlier report as it was. An OUT holding other files
 too keeps them; the three files are replaced together.
 Exit codes (so a report can gate CI): 0 ok; 2 bad input, including --data the
-reference target rejects or --calib-data that does not fit the model
+reference target rejects, --calib-data that does not fit the model, or a torch
+module the exporters refuse
 (nothing is written then: an earlier report stays), an engine that does not match
 its manifest, and a --reference this machine cannot run (the message names the
 targets that can); 3 when the reference or any target
