@@ -91,8 +91,7 @@ def summarize_onnx(path: Path) -> dict[str, Any]:
 
 def _subgraph_ops(graph: Any) -> Counter[str]:
     """Op counts of the bodies of `graph`'s control-flow nodes (If branches, Loop and Scan bodies, and
-    theirs in turn): nodes the top-level histogram does not list (an exported decoder's whole step can
-    sit inside a Loop)."""
+    theirs in turn): nodes the top-level histogram does not list, where a model's work can sit whole."""
     import onnx
 
     counts: Counter[str] = Counter()
@@ -185,8 +184,9 @@ Examples:
              dynamic axes' names (null where static or unnamed)
 An ONNX model adds producer, opsets, nodes, ops (the top-level graph's),
 subgraph_nodes, subgraph_ops (inside If/Loop/Scan bodies, nested ones too),
-initializers, weight_bytes, weight_dtypes; an engine adds every key of its manifest (engine_sha256,
-backend, profiles, source, build_options, records, generation, ...).
+initializers, weight_bytes, weight_dtypes; an engine adds every key of its
+manifest (engine_sha256, backend, profiles, source, build_options, records,
+generation, ...).
 Numbers JSON cannot hold (NaN, infinity: a manifest record's) print as null.
 """
 
