@@ -833,6 +833,16 @@ def json_finite(obj: Any) -> Any:
     return obj
 
 
+def json_text(obj: Any, *, indent: int | None = 2) -> str:
+    """`obj` as strict JSON, the form of every JSON document trtforge writes (manifests, ledgers,
+    reports, inspect --json): inf/nan as null (:func:`json_finite`), and ``allow_nan=False`` so that
+    nothing non-finite can slip through to a strict reader (jq, JavaScript, Go) that refuses the words
+    NaN and Infinity."""
+    import json
+
+    return json.dumps(json_finite(obj), indent=indent, allow_nan=False)
+
+
 def sha256_bytes(data: bytes | memoryview) -> str:
     """Hex sha256 of a buffer."""
     return hashlib.sha256(data).hexdigest()

@@ -560,6 +560,16 @@ CASES: dict[str, tuple[Setup, str]] = {
         _tiny("calibrate", "m.onnx", "--data", "m.onnx", "-o", "q.onnx", "--calib-cache", "nodir/c.cache"),
         r"cannot write --calib-cache file 'nodir/c\.cache'",
     ),
+    # before: an empty --passes ran no pass and wrote the graph unfused (optimize: a copy), exit 0
+    "optimize --passes ''": (
+        _tiny("optimize", "m.onnx", "-o", "o.onnx", "--passes", ""),
+        r"--passes '' names no pass; expected a comma-separated list of passes among attention, cleanup, .*"
+        r"default: the full pipeline, cleanup,layernorm,.* run --passes cleanup",
+    ),
+    "compile --passes ' , '": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--passes", " , "),
+        r"--passes ' , ' names no pass; .*--no-passes skips fusion",
+    ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
         "exists and is not a regular file",

@@ -83,6 +83,60 @@ def test_inspect_of_an_onnx_model_named_otherwise(tmp_path, capsys) -> None:
     assert rc == 2 and "has no manifest" in out, out
 
 
+def test_inspect_counts_the_ops_inside_if_and_loop_bodies(tmp_path, capsys) -> None:
+    """Before: the op histogram listed the top-level graph only: a model whose work sits in If branches
+    and a Loop body (nested in one branch) showed an If and nothing of what it runs. Now the bodies' ops
+    are counted apart, in subgraph_ops / subgraph_nodes and the table's "in subgraphs" column, and the
+    top-level counts stay those of the graph itself."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def vi(name, elem=TensorProto.FLOAT, shape=(2,)):
+        return helper.make_tensor_value_info(name, elem, list(shape))
+
+    loop_body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Relu", ["v_in"], ["v_out"]),
+        ],
+        "loop_body",
+        [vi("i", TensorProto.INT64, ()), vi("cond_in", TensorProto.BOOL, ()), vi("v_in")],
+        [vi("cond_out", TensorProto.BOOL, ()), vi("v_out")],
+    )
+    then_branch = helper.make_graph(
+        [helper.make_node("Loop", ["trip", "", "x"], ["looped"], body=loop_body)], "then", [], [vi("looped")]
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["negx"]), helper.make_node("Relu", ["negx"], ["relu_neg"])],
+        "else",
+        [],
+        [vi("relu_neg")],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Constant", [], ["trip"], value=helper.make_tensor("t", TensorProto.INT64, [], [1])
+            ),
+            helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch),
+        ],
+        "g",
+        [vi("c", TensorProto.BOOL, ()), vi("x")],
+        [vi("y")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp_path / "cf.onnx"))
+    rc, out = _run(["inspect", str(tmp_path / "cf.onnx"), "--json"], capsys)
+    summary = json.loads(out)
+    assert rc == 0 and summary["ops"] == {"Constant": 1, "If": 1} and summary["nodes"] == 2, out
+    assert summary["subgraph_ops"] == {"Loop": 1, "Identity": 1, "Relu": 2, "Neg": 1}, out
+    assert summary["subgraph_nodes"] == 5
+    rc, out = _run(["inspect", str(tmp_path / "cf.onnx")], capsys)
+    assert rc == 0 and "in subgraphs" in out and "5 nodes (If/Loop/Scan bodies)" in out, out
+    relu = next(line for line in out.splitlines() if line.split()[:1] == ["Relu"])
+    assert [cell for cell in relu.split()[1:] if cell != "│"] == ["0", "2"], out
+
+
 @pytest.mark.trt_build
 def test_inspect_json_of_an_onnx_model_and_of_its_engine_share_their_keys(tmp_path, capsys) -> None:
     """Before: `inspect --json` printed an engine's manifest as it is and an ONNX model's own summary, with

@@ -31,6 +31,22 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         (["serve", ".", "--max-num-seqs", str(10**23)], "'--max-num-seqs': 1000000000000000000000"),
         (["serve", ".", "--max-num-batched-tokens", str(2**21)], "2097152 is more than 1,048,576"),
         (["serve", ".", "--chat-template", "/no/such.jinja"], "--chat-template"),
+        # before: a prefill cap past the step's token budget was taken silently and ran as that budget
+        (
+            [
+                "serve",
+                "/no/such",
+                "--max-num-batched-tokens",
+                "512",
+                "--max-prefill-tokens-with-decodes",
+                "1024",
+            ],
+            "--max-prefill-tokens-with-decodes 1024 exceeds --max-num-batched-tokens 512: a step takes",
+        ),
+        (
+            ["serve", "/no/such", "--max-prefill-tokens-with-decodes", "8192"],
+            "8192 exceeds --max-num-batched-tokens 4096 (its default)",
+        ),
         # before: an empty key (an unset $KEY) matched a request with no Authorization header: open to all
         (["serve", "/no/such", "--api-key", ""], "--api-key '': expected a non-empty key"),
         (["serve", "/no/such", "--api-key", " sk-x"], "--api-key ' sk-x': expected"),  # never matched

@@ -399,6 +399,29 @@ def test_close_waits_for_a_call_in_flight_on_another_thread():
         s.run({"x": torch.randn(2, 64)})
 
 
+def test_a_closed_session_is_the_callers_error_and_says_how_to_get_a_new_one():
+    """Before: a plain RuntimeError("session is closed"), exit 1 with a trace as a trtforge bug from a
+    command, and no word on what to do. Now a SessionClosedError: a UserError (exit 2) that is still a
+    RuntimeError (``except RuntimeError`` keeps working) and names engine.session(...)."""
+    from trtforge.runtime import SessionClosedError
+
+    eng, s = _session(1)
+    with s:
+        s.run({"x": torch.ones(2, 64)})
+    calls = {
+        "run": lambda: s.run({"x": torch.ones(2, 64)}),
+        "submit": lambda: s.submit({"x": torch.ones(2, 64)}),
+        "memory_needed": lambda: s.memory_needed({"x": torch.ones(2, 64)}),
+        "trim": lambda: s.trim(),
+    }
+    for name, call in calls.items():
+        with pytest.raises(SessionClosedError) as raised:
+            call()
+        assert isinstance(raised.value, UserError) and isinstance(raised.value, RuntimeError), name
+        text = str(raised.value)
+        assert text.startswith(f"{eng.label}: the session is closed") and "engine.session(" in text, text
+
+
 def test_close_from_a_future_callback():
     """close() inside a done-callback (it runs on the lane's waiter thread) raised "cannot join current
     thread", which concurrent.futures swallows: the lanes were never freed."""

@@ -162,11 +162,29 @@ def fields_of(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
-def passes_from_params(params: Mapping[str, Any], no_passes: bool) -> Any:
-    """PassOptions from a command's parameters, or None for `--no-passes` (which refuses pass options)."""
+def passes_from_params(params: Mapping[str, Any], no_passes: bool | None = None) -> Any:
+    """PassOptions from a command's parameters, or None for `--no-passes` (which refuses pass options;
+    `no_passes` None: the command has no such flag).
+
+    A --passes that names no pass (``--passes ""``, ``--passes ,``) is refused: it ran nothing and wrote
+    the graph unfused, as though fusion had been asked for."""
     from trtforge.core.policy import PassOptions, changed, flag
 
     opts = from_params(PassOptions, params)
+    if not no_passes and opts.names is not None and not opts.names:
+        from trtforge.errors import UserError, shown
+        from trtforge.passes.pipeline import DEFAULT_PASSES, PASSES
+
+        skip = (
+            "--no-passes skips fusion"
+            if no_passes is not None
+            else "for a precision conversion with no fusion, run --passes cleanup"
+        )
+        raise UserError(
+            f"--passes {shown(params.get('names'))} names no pass; expected a comma-separated list of "
+            f"passes among {', '.join(sorted(PASSES))} (default: the full pipeline, "
+            f"{','.join(DEFAULT_PASSES)}); {skip}."
+        )
     if not no_passes:
         return opts
     given = changed(opts, [f.name for f in dataclasses.fields(opts)])

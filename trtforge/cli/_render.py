@@ -123,11 +123,17 @@ def onnx_tables(summary: dict[str, Any]) -> list[Any]:
     for kind in ("inputs", "outputs"):
         for t in summary[kind]:
             io.add_row(kind[:-1] if kind == "inputs" else "out", plain(t["name"]), t["dtype"], _io_shape(t))
+    inner = Counter(summary.get("subgraph_ops") or {})
+    if inner:
+        head.add_row("in subgraphs", f"{sum(inner.values())} nodes (If/Loop/Scan bodies)")
     ops = Table(title="ops", show_edge=False)
     ops.add_column("op")
     ops.add_column("count", justify="right")
-    for op, n in Counter(summary["ops"]).most_common():
-        ops.add_row(plain(op), str(n))
+    if inner:  # the bodies' ops apart: the top-level count stays what the graph itself holds
+        ops.add_column("in subgraphs", justify="right")
+    for op, _ in (Counter(summary["ops"]) + inner).most_common():
+        cells = [plain(op), str(summary["ops"].get(op, 0))]
+        ops.add_row(*cells, *([str(inner[op])] if inner else []))
     return [head, io, ops]
 
 

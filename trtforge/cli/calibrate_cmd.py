@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -90,6 +89,7 @@ def calibrate_cmd(
         atomic_write_text,
         check_distinct_outputs,
         check_output_path,
+        json_text,
         refuse_overwriting_inputs,
         show_path,
     )
@@ -180,7 +180,7 @@ def calibrate_cmd(
             write_calibration_cache(cache_path, record.activation_scales, method)
             record.cache.update(path=str(cache_path), written=True)
         if report is not None:
-            atomic_write_text(report, json.dumps(record.to_dict(), indent=2) + "\n")
+            atomic_write_text(report, json_text(record.to_dict()) + "\n")
     if not quiet:
         _summary(record, out)
 

@@ -69,6 +69,7 @@ def summarize_onnx(path: Path) -> dict[str, Any]:
         weight_bytes += n * dtype.itemsize
         weight_dtypes[dtype.name] += 1
     opsets = {o.domain: o.version for o in m.opset_import}
+    inner = _subgraph_ops(m.graph)
     return {
         "kind": "onnx",
         "path": str(path),
@@ -80,10 +81,28 @@ def summarize_onnx(path: Path) -> dict[str, Any]:
         "opsets": opsets,
         "nodes": len(m.graph.node),
         "ops": dict(Counter(n.op_type for n in m.graph.node)),
+        "subgraph_nodes": sum(inner.values()),
+        "subgraph_ops": dict(inner),
         "initializers": len(m.graph.initializer),
         "weight_bytes": weight_bytes,
         "weight_dtypes": dict(weight_dtypes),
     }
+
+
+def _subgraph_ops(graph: Any) -> Counter[str]:
+    """Op counts of the bodies of `graph`'s control-flow nodes (If branches, Loop and Scan bodies, and
+    theirs in turn): nodes the top-level histogram does not list, where a model's work can sit whole."""
+    import onnx
+
+    counts: Counter[str] = Counter()
+    for node in graph.node:
+        for attr in node.attribute:
+            bodies = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else []
+            bodies += list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+            for body in bodies:
+                counts.update(n.op_type for n in body.node)
+                counts.update(_subgraph_ops(body))
+    return counts
 
 
 def summarize_engine(engine: Path, manifest: Any) -> dict[str, Any]:
@@ -163,9 +182,11 @@ Examples:
   inputs,    each {name, dtype, shape, symbols}: shape a list of ints,
   outputs    -1 for a dynamic axis (null: no shape recorded); symbols the
              dynamic axes' names (null where static or unnamed)
-An ONNX model adds producer, opsets, nodes, ops, initializers, weight_bytes,
-weight_dtypes; an engine adds every key of its manifest (engine_sha256,
-backend, profiles, source, build_options, records, generation, ...).
+An ONNX model adds producer, opsets, nodes, ops (the top-level graph's),
+subgraph_nodes, subgraph_ops (inside If/Loop/Scan bodies, nested ones too),
+initializers, weight_bytes, weight_dtypes; an engine adds every key of its
+manifest (engine_sha256, backend, profiles, source, build_options, records,
+generation, ...).
 Numbers JSON cannot hold (NaN, infinity: a manifest record's) print as null.
 """
 
@@ -177,7 +198,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     """Summarize FILE: an ONNX model (I/O, opset, op histogram) or an engine (its manifest)."""
     from rich.console import Console
 
-    from trtforge._fileio import json_finite
+    from trtforge._fileio import json_text
     from trtforge.cli._render import generation_line, manifest_tables, onnx_tables, print_all
     from trtforge.core.manifest import manifest_path_for, read_engine
     from trtforge.errors import UserError
@@ -191,13 +212,13 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     if path.suffix.lower() == ".onnx" or (not manifest_path_for(engine).exists() and _parses_as_onnx(path)):
         summary = summarize_onnx(path)
         if as_json:
-            click.echo(json.dumps(json_finite(summary), indent=2, allow_nan=False))
+            click.echo(json_text(summary))
         else:
             print_all(console, onnx_tables(summary))
         return
     manifest, _ = read_engine(engine)
     if as_json:
-        click.echo(json.dumps(json_finite(summarize_engine(engine, manifest)), indent=2, allow_nan=False))
+        click.echo(json_text(summarize_engine(engine, manifest)))
     else:
         print_all(console, manifest_tables(manifest, engine))
         if manifest.generation is not None:  # a decoder step engine (compile --generate)

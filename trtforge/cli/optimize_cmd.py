@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from trtforge._fileio import show_path
-from trtforge.cli._options import from_params, option_group
+from trtforge.cli._options import from_params, option_group, passes_from_params
 from trtforge.core.policy import PassOptions, PrecisionOptions
 
 EXAMPLES = """\b
@@ -56,8 +56,6 @@ def optimize_cmd(
     model: str, output: str, ledger: str | None, verify_shapes: tuple[str, ...], force: bool, **params: Any
 ) -> None:
     """Fuse LayerNorm, GELU, QKV projections and attention in MODEL; every pass verified by execution."""
-    import json
-
     from rich.console import Console
 
     from trtforge._fileio import (
@@ -65,6 +63,7 @@ def optimize_cmd(
         atomic_write_text,
         check_distinct_outputs,
         check_output_path,
+        json_text,
         refuse_overwriting_inputs,
     )
     from trtforge.cli._render import float_check, plain
@@ -73,7 +72,7 @@ def optimize_cmd(
     from trtforge.errors import UserError
     from trtforge.passes.pipeline import optimize_model
 
-    passes = from_params(PassOptions, params)
+    passes = passes_from_params(params)
     precision = from_params(PrecisionOptions, params)
     if precision.mode == "int8":
         raise UserError(
@@ -143,7 +142,7 @@ def optimize_cmd(
     with atomic_outputs():  # the model and its ledger together or not at all
         save_onnx_atomic(result, out_path)
         if ledger_path is not None:
-            atomic_write_text(ledger_path, json.dumps(ledger_json, indent=2))
+            atomic_write_text(ledger_path, json_text(ledger_json) + "\n")
     console = Console()
     console.print(ledger_table(record))
     if record.opset_changed:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +68,8 @@ report is replaced whole (staged beside it, then swapped in): a failed or
 interrupted run leaves the earlier report as it was. An OUT holding other files
 too keeps them; the three files are replaced together.
 Exit codes (so a report can gate CI): 0 ok; 2 bad input, including --data the
-reference target rejects or --calib-data that does not fit the model
+reference target rejects, --calib-data that does not fit the model, or a torch
+module the exporters refuse
 (nothing is written then: an earlier report stays), an engine that does not match
 its manifest, and a --reference this machine cannot run (the message names the
 targets that can); 3 when the reference or any target
@@ -246,26 +249,27 @@ def report_cmd(
     calibration_data = params.pop("calib_data")  # (the report's INT8 targets take it, not the policy)
     policy = from_params(PrecisionOptions, params)
     calib = {"method": policy.calib_method, "smoothquant": policy.smoothquant}
-    result = build_report(
-        source,
-        targets=names,
-        data=data,
-        out_dir=out_dir,
-        reference=reference,
-        batch_sizes=_ints(batch, "--batch"),
-        seq_lens=_ints(seq, "--seq"),
-        warmup=warmup,
-        runs=runs,
-        tolerances=tol or None,
-        progress=not no_progress,
-        calibration_data=calibration_data,
-        calibration_options=calib,
-        int8_rest=policy.int8_rest,
-        tokenizer=policy.tokenizer,
-        threads=threads,
-        output_names=output_names or None,
-        check_report=lambda report: _refuse_rejected_data(report, data),
-    )
+    with _unexportable(model):
+        result = build_report(
+            source,
+            targets=names,
+            data=data,
+            out_dir=out_dir,
+            reference=reference,
+            batch_sizes=_ints(batch, "--batch"),
+            seq_lens=_ints(seq, "--seq"),
+            warmup=warmup,
+            runs=runs,
+            tolerances=tol or None,
+            progress=not no_progress,
+            calibration_data=calibration_data,
+            calibration_options=calib,
+            int8_rest=policy.int8_rest,
+            tokenizer=policy.tokenizer,
+            threads=threads,
+            output_names=output_names or None,
+            check_report=lambda report: _refuse_rejected_data(report, data),
+        )
     from trtforge.reports.cells import headline
 
     click.echo(headline(result.report))
@@ -280,6 +284,22 @@ def report_cmd(
     problems = _failures(result.report)
     if check and problems:
         raise AccuracyCheckFailed("; ".join(problems) + " (see the report)")
+
+
+@contextlib.contextmanager
+def _unexportable(model: str) -> Iterator[None]:
+    """A torch module the exporters refuse (ModelNotExportable) is bad input: every target starts from
+    its export, so nothing could be compared. Said as one paragraph naming MODEL and the exporters'
+    reason, exit 2, nothing written (before: every target "failed", and the report exited 3)."""
+    from trtforge.errors import ModelNotExportable
+
+    try:
+        yield
+    except ModelNotExportable as e:
+        raise ModelNotExportable(
+            f"'{model}': {e} Every target of a report starts from that ONNX export, so nothing was "
+            "compared and no report was written."
+        ) from e
 
 
 def _refuse_rejected_data(report: Report, data: str | None) -> None:

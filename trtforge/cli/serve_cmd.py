@@ -64,6 +64,25 @@ def _at_most(bound: str) -> Any:
     return check
 
 
+def _check_prefill_cap(batched: int | None, prefill: int | None) -> None:
+    """Refuse a --max-prefill-tokens-with-decodes above the step's --max-num-batched-tokens (given or
+    default): a step never holds more tokens than that, so the cap asked for could never be reached (it
+    was taken silently and ran as the smaller budget)."""
+    from trtforge.errors import UserError
+    from trtforge.llm.sizing import DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+    budget = DEFAULT_MAX_NUM_BATCHED_TOKENS if batched is None else batched
+    if prefill is None or prefill <= budget:
+        return
+    which = f"--max-num-batched-tokens {budget}" + (" (its default)" if batched is None else "")
+    raise UserError(
+        f"--max-prefill-tokens-with-decodes {prefill} exceeds {which}: a step takes at most "
+        f"--max-num-batched-tokens tokens, prompt tokens included, so no step could take {prefill}. Lower "
+        f"--max-prefill-tokens-with-decodes to at most {budget}, or raise --max-num-batched-tokens to "
+        f"{prefill} or more."
+    )
+
+
 @click.command("serve", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model")
 @click.option(
@@ -130,8 +149,9 @@ def _at_most(bound: str) -> Any:
     default=None,
     type=click.IntRange(1),
     callback=_at_most("MAX_BATCHED_TOKENS"),
-    help="Prompt tokens a step takes while requests decode (default 1024). It bounds the time between a "
-    "running request's tokens; raising it toward --max-num-batched-tokens trades that for throughput (an "
+    help="Prompt tokens a step takes while requests decode (default 1024; at most --max-num-batched-tokens, "
+    "a larger value is refused). It bounds the time between a running request's tokens; raising it toward "
+    "--max-num-batched-tokens trades that for throughput (an "
     "8B model on an H200, 2048 in / 128 out: 4096 gave 3.5% more output tokens a second at 3.4x the time "
     "between tokens; in FP8, 8192 with --max-num-batched-tokens 8192 gave about 17% more at 6x).",
 )
@@ -278,6 +298,7 @@ def serve_cmd(
         host = host[1:-1]
     _imports()  # before the model loads: a missing extra is said at once
     sizing.check_utilization(gpu_memory_utilization)
+    _check_prefill_cap(max_num_batched_tokens, max_prefill_tokens_with_decodes)
     file = chat_template is not None and _is_template_file(chat_template)
     template = read_chat_template(chat_template) if file else None
     options = ServeOptions(  # checked here, before the model loads (minutes for a large one)

@@ -273,7 +273,22 @@ def run_quietly(fn: Any, *args: Any) -> None:
     """Run an exporter without its progress chatter, tracer warnings and the log lines of torch.onnx and
     onnxscript (whose version converter logs a traceback when it cannot reach an --opset). stderr too:
     torch.export prints the partial FX graph of a failed export there (500 lines for a small Longformer)
-    before it raises; the failure itself reaches the user as the exception, in one line."""
+    before it raises; the failure itself reaches the user as the exception, in one line. File descriptor
+    2 as well, where torch's log handlers write (they hold the real stderr) and where the TorchScript
+    exporter's C++ log is pointed: it printed "Torch IR graph at exception: ..." (the whole graph) to
+    stdout when it failed, since torch leaves that log on after the first legacy export."""
+    import torch
+
+    from trtforge.core.backend import native_stderr
+
+    set_stream = getattr(torch._C, "_jit_set_onnx_log_output_stream", None)
+    if set_stream is not None:
+        set_stream("stderr")  # (std::cerr, unbuffered: caught below; std::cout's buffer outlived a redirect)
+    with native_stderr([]):
+        _run_quietly(fn, *args)
+
+
+def _run_quietly(fn: Any, *args: Any) -> None:
     buf = io.StringIO()
     loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
     levels = [logger.level for logger in loggers]
@@ -358,7 +373,7 @@ def export_module(
             reason = f"{which} exporter failed: {export_failure(e)}"
             if i == len(attempts) - 1:
                 prior = f" (after: {record.fallback_reason})" if record.fallback_reason else ""
-                _refuse_unexportable(
+                refuse_unexportable(
                     failures, f"could not export {type(module).__name__} to ONNX; {reason}{prior}"
                 )
             record.fallback_reason = reason
@@ -370,11 +385,11 @@ def export_module(
     except ExportError as e:
         if record.fallback_reason is None:
             raise
-        _refuse_unexportable(failures, f"{e} {_fallback_note(record.fallback_reason)}", cause=e)
+        refuse_unexportable(failures, f"{e} {_fallback_note(record.fallback_reason)}", cause=e)
     return OnnxArtifact(path, record)
 
 
-def _refuse_unexportable(
+def refuse_unexportable(
     failures: Sequence[Exception], message: str, cause: BaseException | None = None
 ) -> NoReturn:
     """Raise for a model the exporters tried (`failures`: how each failed) and could not export

@@ -20,13 +20,15 @@ from trtforge.compiler.export import (
     OnnxArtifact,
     check_opset,
     check_output_names,
+    export_failure,
     finish_artifact,
     flatten_outputs,
+    refuse_unexportable,
     run_quietly,
     torch_logs_silenced,
 )
 from trtforge.core import onnx_io
-from trtforge.errors import ExportError, UserError
+from trtforge.errors import UserError
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pkl")
 
@@ -119,8 +121,8 @@ def from_pt2(
 
     try:
         run_quietly(run)
-    except Exception as e:
-        raise ExportError(f"could not convert '{p}' to ONNX: {type(e).__name__}: {str(e)[:300]}") from e
+    except Exception as e:  # the program's to change (exit 2), unless trtforge's own code failed (a bug)
+        refuse_unexportable([e], f"could not convert '{p}' to ONNX: {export_failure(e)}")
     record.seconds = time.perf_counter() - t0
     feeds = dict(zip(user_inputs, [*args, *kwargs.values()]))
     finish_artifact(out, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)

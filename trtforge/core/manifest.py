@@ -40,6 +40,7 @@ from trtforge._fileio import (
     commit_staged,
     directory_lock,
     fsync_dir,
+    json_text,
     os_error,
     settle_commit,
     sha256_bytes,
@@ -90,11 +91,11 @@ class Manifest:
     format: str = MANIFEST_FORMAT
 
     def to_json(self) -> str:
-        """Serialize to indented JSON."""
+        """Serialize to indented, strict JSON (inf/nan as null; old files holding NaN are still read)."""
         d = asdict(self)
         d["inputs"] = [t.to_dict() for t in self.inputs]  # the JSON form: name, dtype, shape (-1 dynamic)
         d["outputs"] = [t.to_dict() for t in self.outputs]
-        return json.dumps(d, indent=2, sort_keys=False) + "\n"
+        return json_text(d) + "\n"  # strict JSON: a NaN timing or error figure is null
 
     @classmethod
     def from_dict(cls, d: Any, *, where: str = "manifest") -> Manifest:

@@ -2,7 +2,9 @@
 
 Runners produce outputs and timings; `compare` turns outputs into accuracy rows; the renderers read
 only the resulting :class:`~trtforge.reports.results.Report`. A target that fails to prepare, load or
-accept the inputs keeps its row, with the reason, and the report still renders.
+accept the inputs keeps its row, with the reason, and the report still renders; but a torch module the
+exporters refuse raises ModelNotExportable (a UserError) before anything is written, since every target
+starts from its export.
 """
 
 from __future__ import annotations

@@ -6,12 +6,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import json_finite
+from trtforge._fileio import json_text
 from trtforge.numerics.compare import Tolerance  # the one Tolerance; re-exported for report users
 
 REPORT_FORMAT = "trtforge.report/1"
@@ -197,7 +196,7 @@ class Report:
 
     def to_json(self) -> str:
         """Indented JSON. JSON has no inf/nan: those (an exact match's SNR) are written as null."""
-        return json.dumps(json_finite(self.to_dict()), indent=2) + "\n"
+        return json_text(self.to_dict()) + "\n"
 
 
 @dataclass

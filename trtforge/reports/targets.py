@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.core.policy import PrecisionOptions, default_attention
-from trtforge.errors import UserError
+from trtforge.errors import ModelNotExportable, UserError
 from trtforge.reports.inputs import ReportInput, specs_from_manifest, specs_from_onnx, vocab_sizes
 from trtforge.reports.results import FAILED, NOT_RUN, TargetInfo
 
@@ -176,11 +176,15 @@ class Preparer:
 
     # -- graphs --------------------------------------------------------------------------------
     def graph(self, name: str) -> _Graph:
-        """The ONNX graph behind `name` (ort, ort-fused, ...), built once; errors are kept, not raised."""
+        """The ONNX graph behind `name` (ort, ort-fused, ...), built once; errors are kept, not raised,
+        but for a torch module the exporters refuse (ModelNotExportable): every target starts from its
+        export, so that is the user's model to change (exit 2), not a failed target (exit 3)."""
         if name not in self._graphs:
             t0 = time.perf_counter()
             try:
                 g = self._build_graph(name)
+            except ModelNotExportable:
+                raise
             except Exception as e:
                 g = _Graph(error=_reason(e))
             g.seconds = time.perf_counter() - t0

@@ -13,14 +13,15 @@ from trtforge._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from trtforge.runtime.engine import Engine, load
-    from trtforge.runtime.session import Session
+    from trtforge.runtime.session import Session, SessionClosedError
 
-__all__ = ["Engine", "Session", "load"]
+__all__ = ["Engine", "Session", "SessionClosedError", "load"]
 
 _LAZY = {
     "Engine": "trtforge.runtime.engine",
     "load": "trtforge.runtime.engine",
     "Session": "trtforge.runtime.session",
+    "SessionClosedError": "trtforge.runtime.session",
 }
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

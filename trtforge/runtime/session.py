@@ -120,6 +120,19 @@ class _Lane:
             raise RuntimeError(f"{self.label}: enqueue failed on lane {self.index} (see the TensorRT log)")
 
 
+class SessionClosedError(UserError, RuntimeError):
+    """A call on a session after :meth:`Session.close` (or the end of its ``with`` block): the caller's to
+    fix (exit code 2 from the CLI). Still a RuntimeError, as this error was before, so ``except
+    RuntimeError`` keeps catching it."""
+
+
+def _closed(label: str) -> SessionClosedError:
+    return SessionClosedError(
+        f"{label}: the session is closed (its close() ran, or its `with` block ended) and runs nothing "
+        "more; open a new one with engine.session(...), on an engine from trtforge.runtime.load(path)."
+    )
+
+
 class Session:
     """Runs one engine on `streams` lanes; thread-safe. Create with :meth:`Engine.session`."""
 
@@ -226,7 +239,7 @@ class Session:
     def memory_needed(self, inputs: Mapping[str, Any]) -> int:
         """Device memory (bytes) one lane needs for these input shapes; reads metadata only, runs nothing."""
         if self._closed.is_set():
-            raise RuntimeError("session is closed")
+            raise _closed(self.engine.label)
         base, shapes = self.engine.validator.validate(inputs)
         key = (base, shapes)
         if key not in self._out_cache:
@@ -280,10 +293,10 @@ class Session:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise UserError(f"trim(keep={shown(keep)}): keep is a number of bytes, an integer >= 0.")
         if self._closed.is_set():
-            raise RuntimeError("session is closed")
+            raise _closed(self.engine.label)
         with _every_lane(self._lanes, self._free, self._all_lanes) as taken:
             if self._closed.is_set():
-                raise RuntimeError("session is closed")
+                raise _closed(self.engine.label)
             for lane in taken:
                 lane.stream.synchronize()
                 if lane.arena.trim(keep):
@@ -305,17 +318,17 @@ class Session:
     # -- internals ------------------------------------------------------------------------------------
     def _acquire(self) -> _Lane:
         if self._closed.is_set():
-            raise RuntimeError("session is closed")
+            raise _closed(self.engine.label)
         lane = self._free.get()
         if self._closed.is_set():  # closed while this call waited for a lane
             self._free.put(lane)
-            raise RuntimeError("session is closed")
+            raise _closed(self.engine.label)
         return lane
 
     def _prepare(self, inputs: Mapping[str, Any]) -> tuple[int, tuple, list, bool]:
         """Validate, then classify inputs: device tensors (made contiguous) or host data to stage."""
         if self._closed.is_set():
-            raise RuntimeError("session is closed")
+            raise _closed(self.engine.label)
         base, shapes = self.engine.validator.validate(inputs)
         prepared = []
         n_host = 0

@@ -17,7 +17,7 @@ import onnx
 import torch
 
 from trtforge._usercode import eval_mode
-from trtforge.compiler.export import run_quietly
+from trtforge.compiler.export import refuse_unexportable, run_quietly
 from trtforge.errors import ExportError, UserError
 from trtforge.llm.compile import ops
 from trtforge.llm.compile.step import DecoderStep, PagedDecoderStep
@@ -320,6 +320,7 @@ def _export_step(
     path = Path(workdir) / "step.onnx"
     attempts = list(EXPORTERS) if exporter == "auto" else [exporter]
     fallback = None
+    failures: list[Exception] = []
     t0 = time.perf_counter()
     for i, which in enumerate(attempts):
         try:
@@ -332,10 +333,14 @@ def _export_step(
             errors = _verify(proto, step, feeds)
             break
         except Exception as e:
+            failures.append(e)
             reason = f"{which} exporter failed: {type(e).__name__}: {str(e).strip()[:300]}"
             if i == len(attempts) - 1:
                 prior = f" (after: {fallback})" if fallback else ""
-                raise ExportError(f"could not export the step graph; {reason}{prior}") from e
+                message = f"could not export the step graph of {type(model).__name__}; {reason}{prior}"
+                if any(isinstance(f, ExportError) for f in failures):  # trtforge's graph disagrees with torch
+                    raise ExportError(message) from e
+                refuse_unexportable(failures, message)  # the model's (exit 2), or trtforge's bug as raised
             fallback = reason
     generation = generation_section(step, max_batch=max_batch, max_prefill=max_prefill, dtype="float32")
     set_generation_metadata(proto, generation)
