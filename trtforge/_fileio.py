@@ -387,6 +387,11 @@ def staged_directories(renames: list[tuple[Path, Path]] | None = None) -> list[P
     return [dest.parent if str(dest.parent) else Path(".") for _, dest in renames or ()]
 
 
+def staged_files() -> list[Path]:
+    """The destinations of the files staged so far in the enclosing :func:`atomic_outputs` block."""
+    return [dest for _, dest in _GROUP.renames or ()]
+
+
 def commit_staged() -> None:
     """Rename the files staged so far in the enclosing :func:`atomic_outputs` block into place now (the
     caller holds SIGINT/SIGTERM back, and the :func:`directory_lock` of :func:`staged_directories`), so

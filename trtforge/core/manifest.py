@@ -42,6 +42,7 @@ from trtforge._fileio import (
     show_path,
     signals_deferred,
     staged_directories,
+    staged_files,
     temp_name,
     try_lock,
 )
@@ -324,10 +325,14 @@ def read_engine(
 _ENGINE, _RECORD, _PART = "engine", "json", "json.part"
 
 
-def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: Manifest) -> Path:
+def publish_engine(
+    engine_path: str | os.PathLike[str], data: bytes, manifest: Manifest, *, replace: bool = True
+) -> Path:
     """Write `data` to `engine_path` and `manifest` beside it as one (see the module doc); returns the
     manifest path. A failure before the commit point leaves the old pair and no staged file. Called in an
-    :func:`~trtforge._fileio.atomic_outputs` block, the block's staged files land with the pair."""
+    :func:`~trtforge._fileio.atomic_outputs` block, the block's staged files land with the pair.
+    `replace=False` (a compile without --force) refuses, at the commit point, an output that exists by
+    then: another run wrote it since the compile's own check, and only --force overwrites."""
     out = Path(engine_path)
     token = secrets.token_hex(4)
     staged, record, part = (temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART))
@@ -339,6 +344,8 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
             # another compile to the same engine commits and renames its pair before or after this one,
             # not between (taken before the commit point: an interrupt while waiting keeps the old pair)
             held.enter_context(directory_lock([out.parent, *staged_directories()]))
+            if not replace:
+                _refuse_existing([out, mpath, *staged_files()])
             with signals_deferred():
                 os.replace(part, record)  # the commit point
                 fsync_dir(out.parent)
@@ -362,6 +369,17 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
                 raise (os_error(e, out) if e.errno in USER_ERRNOS else e) from e
             fsync_dir(out.parent)
     return mpath
+
+
+def _refuse_existing(paths: list[Path]) -> None:
+    """UserError for the first of `paths` that exists: written by another run while this one worked."""
+    for path in paths:
+        if os.path.lexists(path):
+            raise UserError(
+                f"output '{show_path(path)}' was written by another run while this compile ran (it did not "
+                "exist when the compile started); it is left as that run wrote it. Pass --force "
+                "(force=True) to overwrite it."
+            )
 
 
 def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: Path) -> None:
