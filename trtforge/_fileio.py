@@ -17,6 +17,7 @@ import signal
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -227,16 +228,54 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
-    """Open a temp file next to `path` for writing; rename it onto `path` only if the block succeeds."""
+#: seconds after which a temp file of :func:`atomic_open` that no live writer holds is a killed writer's
+#: (a live one takes its lock microseconds after creating it)
+DEAD_TEMP_AGE_S = 5.0
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name[:40]}."
+
+
+def remove_dead_temps(path: str | os.PathLike[str]) -> None:
+    """Remove what writers of `path` killed by SIGKILL inside :func:`atomic_open` left beside it: its temp
+    files (`.NAME.XXXXXXXX.tmp`) that no live writer holds by its flock, older than DEAD_TEMP_AGE_S. A
+    leftover that cannot be removed (another user's) is left."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
-    tmp = None
+    now = time.time()
+    for leftover in parent.glob(glob.escape(_temp_prefix(p)) + "?" * 8 + ".tmp"):  # (mkstemp's 8 letters)
+        try:
+            st = leftover.lstat()
+            if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < DEAD_TEMP_AGE_S:
+                continue
+            fd = try_lock(leftover)
+            if fd is None or fd < 0:  # (a live writer's, or gone)
+                continue
+            try:
+                leftover.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
+        except (FileNotFoundError, PermissionError):
+            continue
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
+    """Open a temp file next to `path` for writing; rename it onto `path` only if the block succeeds.
+
+    The temp file is held by an flock until it is renamed (at the end of an enclosing
+    :func:`atomic_outputs` block), so a later writer of `path` tells a killed writer's leftover, which it
+    removes (:func:`remove_dead_temps`), from a live one's."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    tmp, held = None, None
     try:
+        remove_dead_temps(p)
         try:  # (interrupts held: one between the file's creation and this block's cleanup left it behind)
             with signals_deferred():
-                fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=parent)
+                fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(p), suffix=".tmp", dir=parent)
+                held = try_lock(Path(tmp))
         except OSError as e:
             # a missing directory is the user's path too (the caller's check may not have seen this path)
             raise (os_error(e, p) if e.errno in USER_ERRNOS or e.errno == errno.ENOENT else e) from e
@@ -245,8 +284,11 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
-        staged_rename(Path(tmp), p)
+        release, held = _closer(held), None  # (the lock is let go of once the file is renamed)
+        staged_rename(Path(tmp), p, release)
     except BaseException as e:
+        if held is not None and held >= 0:
+            os.close(held)
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -414,13 +456,21 @@ def _rename_all(renames: list[tuple[Path, Path]]) -> None:
         fsync_dir(parent)
 
 
+def _closer(fd: int | None) -> Callable[[], None]:
+    """A cleanup closing descriptor `fd` (None or -1: nothing) once."""
+    fds = [fd] if fd is not None and fd >= 0 else []
+    return lambda: os.close(fds.pop()) if fds else None
+
+
 def staged_rename(tmp: Path, dest: Path, cleanup: Callable[[], None] | None = None) -> None:
     """Rename `tmp` onto `dest` now, or with the rest of the enclosing :func:`atomic_outputs` block;
-    `cleanup` runs after the rename (or after the block)."""
+    `cleanup` runs after the rename (or after the block), whether or not the rename succeeded."""
     if _GROUP.renames is None:
-        os.replace(tmp, dest)
-        if cleanup is not None:
-            cleanup()
+        try:
+            os.replace(tmp, dest)
+        finally:
+            if cleanup is not None:
+                cleanup()
         return
     _GROUP.renames.append((tmp, dest))
     if cleanup is not None:
