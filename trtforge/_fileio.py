@@ -192,9 +192,8 @@ def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = 
         raise UserError(f"{what} '{show_path(p)}' already exists; pass --force (force=True) to overwrite it.")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
-        raise UserError(
-            f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' does not exist."
-        )
+        missing = "is a file, not a directory" if parent.exists() else "does not exist"
+        raise UserError(f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' {missing}.")
     try:  # a real probe (os.access says yes to root even on read-only or special filesystems), made and
         with signals_deferred():  # removed with interrupts held: one between the two left it behind
             fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=parent)
