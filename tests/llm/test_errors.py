@@ -277,7 +277,9 @@ def _broken_dir(tmp_path, what: str):
         ("no weights", r"cannot load the weights in .*no file named model\.safetensors"),
         # before: huggingface_hub's StrictDataclassFieldValidationError / a ZeroDivisionError (exit 1), and
         # a model of 32 layers, 30 of them random, silently compiled
-        ("heads as text", r"config\.json' is not a Hugging Face config .*'num_attention_heads'"),
+        # (and the reason, on the validation error's second line: before, the message ended at "field
+        # 'num_attention_heads':")
+        ("heads as text", r"config\.json' is not a Hugging Face config .*'num_attention_heads': .*expected"),
         ("zero heads", r"config\.json' is not a Hugging Face config .*ZeroDivisionError"),
         ("layers unset", r"the weights in '.*' lack \d+ parameter\(s\) config\.json asks for"),
         # before: an IndexError (exit 1: "internal error"), a tensor shape blamed on the weight files, and

@@ -214,5 +214,10 @@ def refuse_empty_path(source: Any, what: str = "the model") -> None:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+    """`e`'s type and first line; a first line that ends in ':' (huggingface_hub's validation errors:
+    "Validation error for field 'x':", the reason below it) goes on with the next."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return f"{type(e).__name__}: {text[:300]}"
