@@ -161,6 +161,35 @@ def test_a_reader_still_refuses_an_engine_that_does_not_match_its_manifest(tmp_p
         read_engine(out)
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_a_compile_without_force_leaves_an_output_another_run_wrote_meanwhile(tmp_path, force) -> None:
+    """Two `compile ... -o m.engine` (no --force) at once: both found no m.engine when they started, and
+    the second to finish replaced the first one's pair (and --save-onnx) without a word. Checked again at
+    the commit point now: the later one is refused and leaves the other run's outputs as they are."""
+    from trtforge.compiler.session import CompileSession
+    from trtforge.errors import UserError
+
+    out, onnx = tmp_path / "m.engine", tmp_path / "m.onnx"
+    session = CompileSession(out, save_onnx=onnx, force=force)  # (checked: nothing there yet)
+    with atomic_outputs():  # another compile publishes meanwhile
+        atomic_write_text(onnx, "graph of run A")
+        publish_engine(out, ENGINE_A, _manifest(out, ENGINE_A))
+
+    def publish() -> None:
+        with session:
+            session.publish(ENGINE_B, _manifest(out, ENGINE_B), lambda p: atomic_write_text(p, "graph of B"))
+
+    if force:
+        publish()
+    else:
+        with pytest.raises(UserError, match=r"output '.*m\.engine' was written by another run .* --force"):
+            publish()
+    engine = ENGINE_B if force else ENGINE_A
+    assert verify_engine_file(out, read_manifest(out)) == engine
+    assert onnx.read_text() == ("graph of B" if force else "graph of run A")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.engine", "m.engine.json", "m.onnx"]
+
+
 def test_two_writers_of_one_staged_directory_take_turns(tmp_path) -> None:
     """Two `report -o rep` at once: the second one's recovery removed the first one's half-written
     directory (the staged names were fixed), whose swap then failed (FileNotFoundError). Each writes its

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,51 @@ def test_atomic_write_permissions_follow_umask(tmp_path) -> None:
     mask = os.umask(0)
     os.umask(mask)
     assert (tmp_path / "a.bin").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def _writer_inside_atomic_open(path: Path) -> subprocess.Popen:
+    """A process stopped inside atomic_open(path), its half-written temp file beside `path`."""
+    code = (
+        "import sys, time\nfrom trtforge._fileio import atomic_open\n"
+        "with atomic_open(sys.argv[1]) as f:\n"
+        "    f.write(b'half'); f.flush(); print('ready', flush=True); time.sleep(120)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_a_killed_writers_temp_file_is_removed_by_the_next_write(tmp_path) -> None:
+    """Before: a writer killed (SIGKILL) inside atomic_open left its `.NAME.XXXXXXXX.tmp` beside the output
+    for good (`compile --save-onnx s.onnx` killed: a `.s.onnx.*.tmp` of the graph, never settled by the
+    next compile). The next write of that path removes it now; a live writer's (held by its flock), a
+    just-made one's and files of other names stay."""
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+
+    out = tmp_path / "s.onnx"
+    dead, live = _writer_inside_atomic_open(out), _writer_inside_atomic_open(out)
+    try:
+        dead.kill()
+        dead.wait()
+        live_temps = {p.name for p in tmp_path.iterdir()}
+        assert len(live_temps) == 2
+        old = time.time() - 2 * DEAD_TEMP_AGE_S
+        for p in tmp_path.iterdir():
+            os.utime(p, (old, old))
+        (tmp_path / ".s.onnx.young123.tmp").write_bytes(b"a writer that has just made it")
+        (tmp_path / ".s.onnx.notes.tmp").write_bytes(b"a user's file")
+        os.utime(tmp_path / ".s.onnx.notes.tmp", (old, old))
+        atomic_write_bytes(out, b"new")
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert out.read_bytes() == b"new"
+        assert len(left) == 4 and {".s.onnx.young123.tmp", ".s.onnx.notes.tmp", "s.onnx"} < set(left)
+        assert len(live_temps & set(left)) == 1  # the live writer's, not the dead one's
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_check_output_path(tmp_path) -> None:
@@ -333,7 +381,7 @@ def test_what_writers_killed_before_their_commit_point_left_the_next_commit_swee
     """A kill while the model was being written left its staging directory (maybe gigabytes of external
     data) or atomic_open's temp file beside the output, for good. The next commit onto that output removes
     them; a live writer's, flocked, stays."""
-    from trtforge._fileio import atomic_outputs, atomic_write_text, scratch_directory_beside
+    from trtforge._fileio import DEAD_TEMP_AGE_S, atomic_outputs, atomic_write_text, scratch_directory_beside
 
     out = tmp_path / "m.onnx"
     dead, let_go = scratch_directory_beside(out)
@@ -342,6 +390,9 @@ def test_what_writers_killed_before_their_commit_point_left_the_next_commit_swee
     (tmp_path / ".m.onnx.k1ll3dxx.tmp").write_text("half a model")
     live, release = scratch_directory_beside(out)
     (tmp_path / "m.onnx.notes.tmp").write_text("the user's")
+    old = time.time() - 2 * DEAD_TEMP_AGE_S  # (younger ones may be a live writer's, not yet locked)
+    for p in (dead, tmp_path / ".m.onnx.k1ll3dxx.tmp", live):
+        os.utime(p, (old, old))
     with atomic_outputs():
         atomic_write_text(out, "model")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.onnx", "m.onnx.notes.tmp", live.name])

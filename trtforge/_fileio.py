@@ -38,6 +38,7 @@ import signal
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -215,9 +216,8 @@ def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = 
         raise UserError(f"{what} '{show_path(p)}' already exists; pass --force (force=True) to overwrite it.")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
-        raise UserError(
-            f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' does not exist."
-        )
+        missing = "is a file, not a directory" if parent.exists() else "does not exist"
+        raise UserError(f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' {missing}.")
     try:  # a real probe (os.access says yes to root even on read-only or special filesystems), made and
         with signals_deferred():  # removed with interrupts held: one between the two left it behind
             fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=parent)
@@ -262,11 +262,16 @@ def fsync_file(path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
-    """Open a temp file next to `path` for writing; rename it onto `path` only if the block succeeds."""
+    """Open a temp file next to `path` for writing; rename it onto `path` only if the block succeeds.
+
+    The temp file is held by an flock until it is renamed (at the end of an enclosing
+    :func:`atomic_outputs` block), so a later writer of `path` tells a killed writer's leftover, which it
+    removes (:func:`_sweep_staged`), from a live one's."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     tmp, held = None, None
     try:
+        _sweep_staged(p)  # (what writers of it killed by SIGKILL left)
         try:  # (interrupts held: one between the file's creation and this block's cleanup left it behind)
             with signals_deferred():
                 fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=parent)
@@ -283,11 +288,11 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
             staged_rename(Path(tmp), p, cleanup=_closer(held))
             held = None
     except BaseException as e:
+        if held is not None and held >= 0:
+            os.close(held)
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        if held is not None:
-            os.close(held)
         if isinstance(e, OSError) and e.errno in USER_ERRNOS:
             raise os_error(e, p) from e
         raise
@@ -425,6 +430,11 @@ def staged_directories(renames: list[tuple[Path, Path]] | None = None) -> list[P
     :func:`atomic_outputs` block's) will be renamed into: what :func:`directory_lock` must hold."""
     renames = _GROUP.renames if renames is None else renames
     return [dest.parent if str(dest.parent) else Path(".") for _, dest in renames or ()]
+
+
+def staged_files() -> list[Path]:
+    """The destinations of the files staged so far in the enclosing :func:`atomic_outputs` block."""
+    return [dest for _, dest in _GROUP.renames or ()]
 
 
 def commit_staged(also: list[tuple[Path, Path]] | None = None) -> None:
@@ -589,13 +599,21 @@ def _settle_commit(token: str, primary: Path, files: list[tuple[Path, Path]]) ->
         _unlink_record(record, token)
 
 
+def _closer(fd: int | None) -> Callable[[], None]:
+    """A cleanup closing descriptor `fd` (None or -1: nothing) once."""
+    fds = [fd] if fd is not None and fd >= 0 else []
+    return lambda: os.close(fds.pop()) if fds else None
+
+
 def staged_rename(tmp: Path, dest: Path, cleanup: Callable[[], None] | None = None) -> None:
     """Rename `tmp` onto `dest` now, or with the rest of the enclosing :func:`atomic_outputs` block;
-    `cleanup` runs after the rename (or after the block)."""
+    `cleanup` runs after the rename (or after the block), whether or not the rename succeeded."""
     if _GROUP.renames is None:
-        os.replace(tmp, dest)
-        if cleanup is not None:
-            cleanup()
+        try:
+            os.replace(tmp, dest)
+        finally:
+            if cleanup is not None:
+                cleanup()
         return
     _GROUP.renames.append((tmp, dest))
     if cleanup is not None:
@@ -644,10 +662,6 @@ def _flocked(fd: int) -> int:
     return fd
 
 
-def _closer(fd: int) -> Callable[[], None]:
-    return lambda: os.close(fd)
-
-
 def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
     """A new hidden directory beside `path` to write `path`'s group of files in (save_onnx_atomic's model
     and data file), flocked while in use, and the cleanup that lets it go. The cleanup removes it once
@@ -677,6 +691,11 @@ def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
     return tmp, cleanup
 
 
+#: seconds after which a staged file or directory that no live writer holds is a killed writer's (a live
+#: one takes its flock microseconds after creating it)
+DEAD_TEMP_AGE_S = 5.0
+
+
 def _sweep_staged(dest: Path) -> None:
     """Remove what writers of `dest` killed before their commit point left beside it (atomic_open's temp
     files, staging directories): those whose flock no live writer holds. Where flock is missing nothing is
@@ -684,6 +703,7 @@ def _sweep_staged(dest: Path) -> None:
     if fcntl is None:
         return
     parent = dest.parent if str(dest.parent) else Path(".")
+    now = time.time()
     files = re.compile(re.escape(f".{dest.name[:40]}.") + r"[a-z0-9_]{8}\.tmp")
     directories = re.compile(re.escape(temp_name(dest, "").name) + r"[a-z0-9_]{8}" + re.escape(_STAGING))
     try:
@@ -695,6 +715,9 @@ def _sweep_staged(dest: Path) -> None:
         is_dir = entry.is_dir() and not entry.is_symlink()
         if not ((files.fullmatch(name) and entry.is_file()) or (directories.fullmatch(name) and is_dir)):
             continue
+        with contextlib.suppress(OSError):  # (a writer locks what it made microseconds after making it)
+            if now - entry.lstat().st_mtime < DEAD_TEMP_AGE_S:
+                continue
         try:
             fd = try_lock(entry)
         except OSError:  # (not ours to open: not ours to remove)

@@ -174,6 +174,21 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"MODEL is empty \(''\).*`trtforge compile -h`",
     ),
     "compile MODEL ''": (lambda d: ["compile", "", "-o", "s.engine"], r"MODEL is empty \(''\)"),
+    # before: "directory 'notes.txt' does not exist", of a file the user can see there
+    "compile --generate -o under a file": (
+        _file("notes.txt", b"a user's notes\n", *GENERATE[:-1], "notes.txt/s.engine"),
+        r"cannot write output engine 'notes\.txt/s\.engine': directory 'notes\.txt' is a file, not a "
+        r"directory\.",
+    ),
+    # before: an OverflowError in the export's slot arithmetic (past int64) or a 422 TB allocation (2**40),
+    # each an internal error with its trace; 1,000 built a pool of blocks no sequence could fill
+    **{
+        f"compile --generate --block-size {size}": (
+            lambda d, size=size: [*GENERATE, "--cache-layout", "paged", "--block-size", size],
+            rf"--block-size {size[:6]}.* exceeds the KV-cache length 64 \(--max-seq\).*--block-size <= 64\.",
+        )
+        for size in (str(10**23), str(2**40), "65")
+    },
     "report MODEL '' --generate": (
         _file("text.txt", b"x = 1\n" * 50, "report", "", "--generate", "--text", "text.txt", "-o", "rep"),
         r"MODEL is empty \(''\).*`trtforge report -h`",

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import onnx
 import pytest
+import torch
 
 import trtforge
 import trtforge.llm
@@ -231,6 +232,14 @@ _CONFIG_EDITS = {
 }
 
 
+# _broken_dir's edits of one weight of model.safetensors: what -> the stored tensor from the good one
+_WEIGHT_EDITS = {
+    "weight shape": lambda t: t[:, : t.shape[1] // 2].contiguous(),
+    "integer weight": lambda t: (t * 100).to(torch.int32),
+    "nan weight": lambda t: torch.full_like(t, float("nan")),
+}
+
+
 def _broken_dir(tmp_path, what: str):
     """A save_pretrained directory of a tiny Llama with `what` broken."""
     d = tmp_path / what
@@ -242,6 +251,13 @@ def _broken_dir(tmp_path, what: str):
         weights.write_bytes(weights.read_bytes()[:1000])
     elif what == "no weights":
         (d / "model.safetensors").unlink()
+    elif what in _WEIGHT_EDITS:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(d / "model.safetensors")
+        name = "model.layers.0.self_attn.q_proj.weight"
+        tensors[name] = _WEIGHT_EDITS[what](tensors[name])
+        save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     elif what == "layers unset" or what in _CONFIG_EDITS:
         config = json.loads((d / "config.json").read_text())
         if what == "layers unset":  # LlamaConfig's default is 32 layers; the file holds 2
@@ -261,7 +277,9 @@ def _broken_dir(tmp_path, what: str):
         ("no weights", r"cannot load the weights in .*no file named model\.safetensors"),
         # before: huggingface_hub's StrictDataclassFieldValidationError / a ZeroDivisionError (exit 1), and
         # a model of 32 layers, 30 of them random, silently compiled
-        ("heads as text", r"config\.json' is not a Hugging Face config .*'num_attention_heads'"),
+        # (and the reason, on the validation error's second line: before, the message ended at "field
+        # 'num_attention_heads':")
+        ("heads as text", r"config\.json' is not a Hugging Face config .*'num_attention_heads': .*expected"),
         ("zero heads", r"config\.json' is not a Hugging Face config .*ZeroDivisionError"),
         ("layers unset", r"the weights in '.*' lack \d+ parameter\(s\) config\.json asks for"),
         # before: an IndexError (exit 1: "internal error"), a tensor shape blamed on the weight files, and
@@ -274,6 +292,17 @@ def _broken_dir(tmp_path, what: str):
         ("negative eps", r"llama config: rms_norm_eps must be a number >= 0, got -1\.0\."),
         # before: "cannot load the weights ... (KeyError: 'swoosh')"
         ("activation", r"config\.json': hidden_act='swoosh' is no activation transformers knows"),
+        # before: "cannot load the weights ... (RuntimeError: You set `ignore_mismatched_sizes` to `False`,
+        # thus raising an error. For details look at the above report!)", with no report above it
+        (
+            "weight shape",
+            r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' is stored with shape \[64, 32\], "
+            r"config\.json makes it \[64, 64\]\.",
+        ),
+        # before: the integers were cast to floats without a word (the engine built and generate ran)
+        ("integer weight", r"stores tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' as I32, an integer"),
+        # before: generate ran on NaN logits; compile failed its export check (exit 1, no weight named)
+        ("nan weight", r"parameter 'model\.layers\.0\.self_attn\.q_proj\.weight' holds NaN\. Expected"),
     ],
 )
 def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsys):

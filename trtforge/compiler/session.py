@@ -93,6 +93,7 @@ class CompileSession:
             raise UserError("without an engine build there is nothing to write: pass save_onnx.")
         self.log: Log = log or (lambda _msg: None)
         self.save_onnx = save_onnx
+        self.force = force
         self.out: Path | None = None
         if build:
             resolve_pending(output)  # a compile killed while publishing here: settle it before deciding
@@ -183,12 +184,13 @@ class CompileSession:
         self, data: bytes, manifest: Manifest, onnx: Callable[[Path], Any] | None = None
     ) -> CompileResult:
         """Write `--save-onnx` (by `onnx(path)`), the engine and its manifest together: the crash-safe
-        commit of `publish_engine`, with the ONNX in the same uninterruptible step, or nothing."""
+        commit of `publish_engine`, with the ONNX in the same uninterruptible step, or nothing. Without
+        force, an output another run wrote meanwhile is refused then, not overwritten."""
         assert self.out is not None
         with atomic_outputs():
             if self.save_onnx is not None and onnx is not None:
                 onnx(Path(self.save_onnx))
-            manifest_path = publish_engine(self.out, data, manifest)
+            manifest_path = publish_engine(self.out, data, manifest, replace=self.force)
         return CompileResult(
             self.out, manifest_path, manifest, self.timings, self.records, self._onnx_result()
         )

@@ -48,6 +48,7 @@ from trtforge._fileio import (
     show_path,
     signals_deferred,
     staged_directories,
+    staged_files,
     temp_name,
     try_lock,
 )
@@ -330,10 +331,14 @@ def read_engine(
 _ENGINE, _RECORD, _PART = "engine", "json", "json.part"
 
 
-def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: Manifest) -> Path:
+def publish_engine(
+    engine_path: str | os.PathLike[str], data: bytes, manifest: Manifest, *, replace: bool = True
+) -> Path:
     """Write `data` to `engine_path` and `manifest` beside it as one (see the module doc); returns the
     manifest path. A failure before the commit point leaves the old pair and no staged file. Called in an
-    :func:`~trtforge._fileio.atomic_outputs` block, the block's staged files land with the pair."""
+    :func:`~trtforge._fileio.atomic_outputs` block, the block's staged files land with the pair.
+    `replace=False` (a compile without --force) refuses, at the commit point, an output that exists by
+    then: another run wrote it since the compile's own check, and only --force overwrites."""
     out = Path(engine_path)
     token = secrets.token_hex(4)
     staged, part = (temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _PART))
@@ -347,6 +352,8 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
             # not between (taken before the commit point: an interrupt while waiting keeps the old pair)
             settle_commit(out, mpath)  # (a dead compile's, before the locks)
             held.enter_context(directory_lock([out.parent, *staged_directories()]))
+            if not replace:
+                _refuse_existing([out, mpath, *staged_files()])
             with signals_deferred():
                 commit_staged(pair)  # with the caller's other outputs (--save-onnx): one commit
         except BaseException:
@@ -355,6 +362,17 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
                     p.unlink()
             raise
     return mpath
+
+
+def _refuse_existing(paths: list[Path]) -> None:
+    """UserError for the first of `paths` that exists: written by another run while this one worked."""
+    for path in paths:
+        if os.path.lexists(path):
+            raise UserError(
+                f"output '{show_path(path)}' was written by another run while this compile ran (it did not "
+                "exist when the compile started); it is left as that run wrote it. Pass --force "
+                "(force=True) to overwrite it."
+            )
 
 
 def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: Path) -> None:

@@ -251,6 +251,10 @@ def test_paged_refuses_int8_and_a_pool_size_without_a_build(tmp_path):
         trtforge.compile(model, num_blocks=9, **common)
     with pytest.raises(UserError, match="--block-size"):
         trtforge.compile(model, block_size=0, **common)
+    # (before: 10**23 was an OverflowError in the export, 65 a block no sequence of 64 tokens fills)
+    for size in (65, 10**23):
+        with pytest.raises(UserError, match=rf"--block-size {size} exceeds the KV-cache length 64"):
+            trtforge.compile(model, block_size=size, max_seq=64, **common)
     assert not out.exists()
 
 

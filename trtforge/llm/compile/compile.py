@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from trtforge._fileio import atomic_write_bytes, sha256_bytes
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 from trtforge.llm.compile.build import build_step_engine
 from trtforge.llm.compile.export import (
     CACHE_LAYOUTS,
@@ -139,6 +139,12 @@ def _check_cache_layout(
             "any pool size: leave it out."
         )
     bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    if block_size is not None and block_size > max_seq:  # (past int64, the export's own arithmetic failed)
+        raise UserError(
+            f"--block-size {shown(block_size)} exceeds the KV-cache length {max_seq} (--max-seq): a block "
+            "holds tokens of one sequence, so one longer than the longest sequence only allocates memory no "
+            f"token uses. Pass --block-size <= {max_seq}."
+        )
     need = 2  # one block of a sequence plus the scratch block padded positions write to
     if num_blocks is not None and num_blocks < need:
         raise UserError(f"--num-blocks {num_blocks}: the pool needs at least {need} blocks (one is scratch).")

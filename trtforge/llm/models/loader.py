@@ -43,6 +43,7 @@ def load_causal_lm(source: Any) -> Any:
                 f"expected a Hugging Face causal LM (a transformers model with its .config), got a "
                 f"{type(source).__name__} without one."
             )
+        refuse_nan_weights(source, f"the {type(source).__name__} given")
         return source
     if isinstance(source, bytes):  # a path as os functions take it (compile and runtime.load read it so)
         source = os.fsdecode(source)
@@ -77,8 +78,14 @@ def load_causal_lm(source: Any) -> Any:
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
         try:
+            # (mismatched sizes are loaded as random values and listed in `info`, refused below by name:
+            # transformers' own error points at a report that set_verbosity_error leaves unprinted)
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
-                str(path), local_files_only=True, dtype=torch.float32, output_loading_info=True
+                str(path),
+                local_files_only=True,
+                dtype=torch.float32,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
             )
         except Exception as e:  # missing, corrupt (safetensors' own error type) or mismatched weight files
             _refuse_unknown_activation(path, config, e)
@@ -95,6 +102,9 @@ def load_causal_lm(source: Any) -> Any:
                 f"{missing[:3]}); transformers would initialize them randomly. Expected the files "
                 "save_pretrained wrote for this config.json."
             )
+        _refuse_mismatched(path, info.get("mismatched_keys") or [])
+        _refuse_integer_weights(path, config, model)
+        refuse_nan_weights(model, f"'{path}'")
         return model.eval()
     if path.suffix.lower() in (".onnx", ".pt2", ".engine") or path.exists():
         raise UserError(
@@ -103,7 +113,77 @@ def load_causal_lm(source: Any) -> Any:
             f"`trtforge compile MODEL --generate --save-onnx`."
         )
     model, _ = load_factory(str(source))
+    refuse_nan_weights(model, f"the model of '{source}'")
     return model
+
+
+def _refuse_mismatched(path: Path, mismatched: Any) -> None:
+    """UserError naming the first weight whose shape in the files differs from the one config.json makes
+    (transformers would start it from random values)."""
+    rows = sorted((str(row[0]), tuple(row[1]), tuple(row[2])) for row in mismatched)
+    if rows:
+        name, stored, expected = rows[0]
+        more = f" (and {len(rows) - 1} more)" if len(rows) > 1 else ""
+        raise UserError(
+            f"the weights in '{path}' do not match its config.json: tensor '{name}' is stored with shape "
+            f"{list(stored)}, config.json makes it {list(expected)}{more}. Expected the files "
+            "save_pretrained wrote for this config.json."
+        )
+
+
+#: safetensors dtype names of integer and boolean tensors: no float parameter is stored so
+_NOT_FLOAT = frozenset({"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
+
+
+def _refuse_integer_weights(path: Path, config: Any, model: Any) -> None:
+    """UserError naming a float parameter stored as integers in the directory's safetensors files:
+    transformers casts them to floats without a word (a checkpoint broken in writing, or a quantized one
+    whose config.json lost its quantization_config), so the model would run on nonsense weights."""
+    if getattr(config, "quantization_config", None) is not None:
+        return
+    from safetensors import safe_open
+
+    floats = {name for name, t in model.state_dict().items() if t.is_floating_point()}
+    for file in _safetensors_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            names = f.keys()  # (a safe_open handle is not iterable)
+            for name in names:
+                dtype = f.get_slice(name).get_dtype()
+                if name in floats and dtype in _NOT_FLOAT:
+                    raise UserError(
+                        f"'{file}' stores tensor '{name}' as {dtype}, an integer type; the model's parameter "
+                        "is floating-point (BF16, F16 or F32 as save_pretrained writes it). Expected the "
+                        "files save_pretrained wrote for this config.json."
+                    )
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The safetensors files transformers loaded from `path`: the shards its index names, or the one file."""
+    import json
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():  # (transformers has read it: it is valid)
+        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    single = path / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def refuse_nan_weights(model: Any, where: str) -> None:
+    """UserError naming the first floating-point parameter of `model` (from `where`) holding NaN: every
+    output would be NaN (greedy decoding then emits token 0 over and over), and the step export fails its
+    faithfulness check with an error that names no weight. (Infinity is let be: an attention sink of -inf
+    is a model's way to have none.)"""
+    import torch
+
+    for name, param in model.named_parameters():
+        if not param.is_floating_point() or param.device.type == "meta":
+            continue
+        if bool(torch.isnan(param).any()):
+            raise UserError(
+                f"a weight of {where} is not a number: parameter '{name}' holds NaN. Expected trained (or "
+                "freshly initialized) weights; a checkpoint with NaN was saved after training diverged, or "
+                "was damaged."
+            )
 
 
 #: the keys a family's config names its activation by (transformers looks each value up in its ACT2FN)
@@ -134,5 +214,10 @@ def refuse_empty_path(source: Any, what: str = "the model") -> None:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+    """`e`'s type and first line; a first line that ends in ':' (huggingface_hub's validation errors:
+    "Validation error for field 'x':", the reason below it) goes on with the next."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return f"{type(e).__name__}: {text[:300]}"
