@@ -203,6 +203,56 @@ def test_a_compile_session_leaves_no_work_directory_when_interrupted(
     assert not workdir.exists()
 
 
+def _run_inside_work_directory(tmpdir: Path) -> tuple[subprocess.Popen, Path]:
+    """A process stopped inside work_directory (as a compile is), TMPDIR `tmpdir`, and its directory."""
+    code = (
+        "import time\nfrom trtforge._fileio import work_directory\n"
+        "with work_directory('trtforge-') as d:\n"
+        "    (d / 'model.onnx').write_bytes(b'an export'); print(d, flush=True); time.sleep(120)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), TMPDIR=str(tmpdir))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_a_killed_runs_work_directory_is_removed_by_the_next_run(tmp_path, monkeypatch) -> None:
+    """Before: a compile killed by SIGKILL (or the OOM killer) left its `trtforge-XXXXXXXX` work directory
+    in TMPDIR for good, maybe gigabytes of ONNX exports. The next run's work directory removes it now;
+    a live run's (flocked), a just-made one's, a user's `trtforge-mybackup` and other names stay."""
+    from trtforge._fileio import DEAD_WORK_AGE_S, work_directory
+
+    dead, dead_dir = _run_inside_work_directory(tmp_path)
+    live, live_dir = _run_inside_work_directory(tmp_path)
+    young, young_dir = _run_inside_work_directory(tmp_path)
+    try:
+        for proc in (dead, young):
+            proc.kill()
+            proc.wait()
+        users = [tmp_path / "trtforge-mybackup", tmp_path / "trtforge-report-notes", tmp_path / "other"]
+        for d in users:
+            d.mkdir()
+            (d / "keep.txt").write_text("the user's")
+        old = time.time() - 2 * DEAD_WORK_AGE_S
+        for d in (dead_dir, live_dir, *users):
+            os.utime(d, (old, old))
+        assert dead_dir.is_dir() and (dead_dir / "model.onnx").is_file()
+        monkeypatch.setenv("TMPDIR", str(tmp_path))
+        monkeypatch.setattr("tempfile.tempdir", None)
+        with work_directory("trtforge-") as mine:
+            assert not dead_dir.exists()
+            assert (live_dir / "model.onnx").is_file() and (young_dir / "model.onnx").is_file()
+            assert all((d / "keep.txt").is_file() for d in users)
+        assert not mine.exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [live_dir.name, young_dir.name, *(d.name for d in users)]
+        )
+    finally:
+        for proc in (dead, live, young):
+            proc.kill()
+            proc.wait()
+
+
 def test_signals_deferred_holds_the_clis_timer_reraise_too() -> None:
     """The CLI raises a held interrupt again from a SIGALRM handler (trtforge.cli._errors): inside a
     deferred block it must wait for the block's end like SIGINT itself."""

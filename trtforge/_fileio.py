@@ -324,19 +324,90 @@ def signals_deferred() -> Iterator[None]:
             signal.raise_signal(s)
 
 
+#: the names of trtforge's work directories in TMPDIR: a prefix of :func:`work_directory` (`trtforge-`,
+#: `trtforge-report-`, ...) and tempfile's eight random characters
+_WORK_NAME = re.compile(r"trtforge-(?:[a-z]+-)*[a-z0-9_]{8}")
+#: the file inside a work directory saying that its process holds an flock on it for as long as it lives
+_WORK_MARK = ".trtforge-work"
+#: seconds after which an unheld work directory is a killed run's (a live one holds its flock from before
+#: the mark is made; the age only guards what no flock can: a run that has just made its directory)
+DEAD_WORK_AGE_S = 300.0
+
+
 @contextlib.contextmanager
 def work_directory(prefix: str) -> Iterator[Path]:
-    """A fresh temporary directory (named `prefix` + random), removed with what is in it when the block
-    ends, however it ends. It is made with SIGINT/SIGTERM held back, so no interrupt lands between its
-    creation and the point from which its removal is certain: one that did left it behind in TMPDIR."""
+    """A fresh temporary directory in TMPDIR (named `prefix` + random), removed with what is in it when
+    the block ends, however it ends. It is made with SIGINT/SIGTERM held back, so no interrupt lands
+    between its creation and the point from which its removal is certain: one that did left it behind in
+    TMPDIR. What no `finally` survives (SIGKILL, the OOM killer) left it for good, maybe gigabytes of
+    ONNX exports: so the directory is flocked for as long as its process lives (and marked so), and each
+    new one first removes the killed runs' (:func:`sweep_dead_work_directories`)."""
+    if not _WORK_NAME.fullmatch(prefix + "x" * 8):
+        raise ValueError(f"work directory prefix {prefix!r} is not of the form 'trtforge-[word-]...'")
+    sweep_dead_work_directories()
     path: Path | None = None
+    held: int | None = None
     try:
         with signals_deferred():
             path = Path(tempfile.mkdtemp(prefix=prefix))
+            held = _open_directory(path)
+        if held is not None and fcntl is not None:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # (a filesystem without flock: unmarked, so never swept as dead)
+                pass
+            else:
+                (path / _WORK_MARK).touch()
         yield path
     finally:
         if path is not None:
             shutil.rmtree(path, ignore_errors=True)
+        if held is not None:
+            os.close(held)
+
+
+def sweep_dead_work_directories(tmpdir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the work directories (:func:`work_directory`) that runs killed by SIGKILL left in `tmpdir`
+    (TMPDIR by default), and return them. Only a directory that is named as ours, owned by this user,
+    marked as held by its process's flock, older than DEAD_WORK_AGE_S and not flocked now (its process
+    is gone) is removed; a live run's, a user's `trtforge-notes` and another user's stay. The mark goes
+    last, so an interrupted removal is finished by the next sweep."""
+    if fcntl is None:
+        return []
+    parent = Path(tmpdir if tmpdir is not None else tempfile.gettempdir())
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    now, uid, removed = time.time(), os.getuid(), []
+    for name in names:
+        entry = parent / name
+        if not _WORK_NAME.fullmatch(name):
+            continue
+        try:
+            st = entry.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or now - st.st_mtime < DEAD_WORK_AGE_S:
+                continue
+            if not (entry / _WORK_MARK).is_file():
+                continue
+            fd = try_lock(entry)
+        except OSError:  # (not ours to open: not ours to remove)
+            continue
+        if fd is None or fd < 0:
+            continue  # a live run's (or gone meanwhile)
+        try:
+            for child in entry.iterdir():
+                if child.name != _WORK_MARK:
+                    _remove(child)
+            with contextlib.suppress(OSError):
+                (entry / _WORK_MARK).unlink()
+                entry.rmdir()
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        removed.append(entry)
+    return removed
 
 
 class _Locked(threading.local):
