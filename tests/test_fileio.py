@@ -448,3 +448,59 @@ def test_what_writers_killed_before_their_commit_point_left_the_next_commit_swee
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.onnx", "m.onnx.notes.tmp", live.name])
     release()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.notes.tmp"]
+
+
+def _saver_stopped_in_save_onnx_atomic(src: Path, out: Path) -> subprocess.Popen:
+    """A process stopped inside a plain save_onnx_atomic(out) (no enclosing group), its model and a data
+    file written into the staging directory beside `out`."""
+    code = (
+        "import sys, time, onnx\nimport trtforge.core.onnx_io as io\nreal = io.save_onnx\n"
+        "def stalled(model, path):\n"
+        "    real(model, path); open(str(path) + '.data', 'wb').write(b'half the weights')\n"
+        "    print('ready', flush=True); time.sleep(120)\n"
+        "io.save_onnx = stalled\nio.save_onnx_atomic(onnx.load(sys.argv[1]), sys.argv[2])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(src), str(out)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_a_plain_save_onnx_atomic_killed_leaves_a_staging_directory_the_next_save_sweeps(tmp_path) -> None:
+    """save_onnx_atomic outside any atomic_outputs block still commits through its own group, so the
+    sweep of killed writers' leftovers (_sweep_staged, run by every commit) covers its staging directory
+    too: a real writer killed by SIGKILL mid-save leaves it (model and data), the next save of that path
+    removes it, and a live writer's stays."""
+    import onnx
+
+    from tests.models import tiny_onnx
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.core.onnx_io import save_onnx_atomic
+
+    (tmp_path / "src").mkdir()
+    src = tiny_onnx(tmp_path / "src" / "m.onnx")
+    d = tmp_path / "out"
+    d.mkdir()
+    out = d / "s.onnx"
+    dead = _saver_stopped_in_save_onnx_atomic(src, out)
+    live = _saver_stopped_in_save_onnx_atomic(src, out)
+    try:
+        dead.kill()
+        dead.wait()
+        staged = sorted(d.iterdir())
+        assert len(staged) == 2 and all(p.is_dir() and (p / "s.onnx.data").is_file() for p in staged)
+        old = time.time() - 2 * DEAD_TEMP_AGE_S
+        for p in staged:
+            os.utime(p, (old, old))
+        save_onnx_atomic(onnx.load(str(src)), out)
+        left = sorted(d.iterdir())
+        assert len(left) == 2 and out in left and onnx.load(str(out)).graph.node
+        live_dir = next(p for p in left if p != out)
+        assert live_dir in staged and (live_dir / "s.onnx.data").read_bytes() == b"half the weights"
+    finally:
+        live.kill()
+        live.wait()
+    save_onnx_atomic(onnx.load(str(src)), out)  # (the live one is dead now: the next save removes it)
+    assert sorted(p.name for p in d.iterdir()) == ["s.onnx"]
