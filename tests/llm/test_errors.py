@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -229,6 +230,8 @@ _CONFIG_EDITS = {
     "kv heads": ("num_key_value_heads", 3),
     "activation": ("hidden_act", "swoosh"),
     "negative eps": ("rms_norm_eps", -1.0),
+    "100000 layers": ("num_hidden_layers", 100000),
+    "huge hidden": ("hidden_size", 10**6),
 }
 
 
@@ -281,7 +284,26 @@ def _broken_dir(tmp_path, what: str):
         # 'num_attention_heads':")
         ("heads as text", r"config\.json' is not a Hugging Face config .*'num_attention_heads': .*expected"),
         ("zero heads", r"config\.json' is not a Hugging Face config .*ZeroDivisionError"),
-        ("layers unset", r"the weights in '.*' lack \d+ parameter\(s\) config\.json asks for"),
+        # (since refused before the model is built: the weights' layer names say 2 layers)
+        (
+            "layers unset",
+            r"config\.json': num_hidden_layers=32 \(not in config\.json: transformers' default for llama\), "
+            r"but the weights in '.*' hold 2 layer\(s\) \(model\.layers\.0 to model\.layers\.1\)",
+        ),
+        # before: transformers built the whole model (100000 layers: ~20 GB and minutes; hidden 10**6:
+        # terabytes) before reporting the missing or mismatched weights; now refused from the safetensors
+        # header alone
+        (
+            "100000 layers",
+            r"config\.json': num_hidden_layers=100000, but the weights in '.*' hold 2 layer\(s\) "
+            r"\(model\.layers\.0 to model\.layers\.1\); transformers would build all 100000 layers",
+        ),
+        (
+            "huge hidden",
+            r"config\.json' makes a model far larger than its weights: hidden_size=1000000, vocab_size=300 "
+            r"and num_hidden_layers=2 make at least 1,000,300,000,000 parameters, but the weight files in "
+            r"'.*' hold \d[\d,]* values",
+        ),
         # before: an IndexError (exit 1: "internal error"), a tensor shape blamed on the weight files, and
         # a KV head count the attention cannot share out blamed on them too (or, with weights of that
         # shape, a RuntimeError from the executor's step)
@@ -493,3 +515,40 @@ def test_a_gemma_3_multimodal_directory_is_refused_pointing_at_the_text_model(tm
     err = capsys.readouterr().err
     assert "holds a 'gemma3' model" in err and "Gemma3ForCausalLM" in err, err
     assert not (tmp_path / "x.engine").exists()
+
+
+def test_checkpoints_smaller_than_a_plain_one_pass_the_config_against_weights_check(tmp_path):
+    """The early refusal of a config.json far larger than its weights (read from the safetensors headers)
+    passes checkpoints that legitimately hold fewer tensors or bytes than a plain float one: tied
+    embeddings, MoE, sharded (an index), weights packed as 4-bit quantization packs them (int32, 8 values
+    each, with quantization_config), and the trained models."""
+    import transformers as tf
+    from safetensors.torch import load_file, save_file
+
+    from trtforge.llm.models.loader import _refuse_config_beyond_weights
+
+    dirs = []
+    for name, model, shard in (
+        ("tied", tiny_model("llama", tie_word_embeddings=True), None),
+        ("moe", tiny_model("mixtral"), None),
+        ("sharded", tiny_model("llama"), "20KB"),
+        ("packed", tiny_model("llama"), None),
+    ):
+        d = tmp_path / name
+        model.save_pretrained(d, **({"max_shard_size": shard} if shard else {}))
+        dirs.append(d)
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    packed = tmp_path / "packed"
+    tensors = load_file(packed / "model.safetensors")
+    for name in [n for n in tensors if ".layers." in n and n.endswith("proj.weight")]:
+        w = tensors.pop(name)
+        tensors[name.replace(".weight", ".qweight")] = torch.zeros(
+            w.shape[1] // 8, w.shape[0], dtype=torch.int32
+        )
+    save_file(tensors, packed / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((packed / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": -1}
+    (packed / "config.json").write_text(json.dumps(config))
+    shared = sorted((Path(__file__).resolve().parents[2] / "../shared/models").glob("code-llama-*"))
+    for d in dirs + shared:
+        _refuse_config_beyond_weights(d, tf.AutoConfig.from_pretrained(str(d), local_files_only=True))

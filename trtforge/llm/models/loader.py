@@ -7,14 +7,17 @@ Shared by the step-graph compile (``llm.compile``) and the serving front door (`
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trtforge._usercode import load_factory
 from trtforge.errors import UserError
-from trtforge.llm.models.base import UNSUPPORTED_HINTS, check_config_sizes
+from trtforge.llm.models.base import UNSUPPORTED_HINTS, _stored_key, check_config_sizes
 from trtforge.llm.models.families import SUPPORTED
 
 
@@ -75,6 +78,7 @@ def load_causal_lm(source: Any) -> Any:
                 + (f" {hint}" if hint else "")
             )
         check_config_sizes(config)  # (else a negative size reads as a weight file's fault)
+        _refuse_config_beyond_weights(path, config)  # (before transformers builds it, maybe for minutes)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
         try:
@@ -128,6 +132,71 @@ def _refuse_mismatched(path: Path, mismatched: Any) -> None:
             f"the weights in '{path}' do not match its config.json: tensor '{name}' is stored with shape "
             f"{list(stored)}, config.json makes it {list(expected)}{more}. Expected the files "
             "save_pretrained wrote for this config.json."
+        )
+
+
+#: a weight name's layer index, as every supported family spells it (model.layers.3., transformer.h.3.,
+#: transformer.blocks.3., model.decoder.layers.3.); the text before it tells a vision tower's apart
+_LAYER_INDEX = re.compile(r"^(.*?(?:^|\.)(?:layers|h|blocks))\.(\d+)\.")
+
+
+def _refuse_config_beyond_weights(path: Path, config: Any) -> None:
+    """UserError naming the config.json key that makes a model far larger than the directory's weights,
+    read from the safetensors headers only (never the data) before transformers builds the model: a layer
+    count above the layers the weight names hold (num_hidden_layers 100000 with weights for 2), or sizes
+    (hidden_size 10**6) whose model needs more parameters than the files hold bits. Before, transformers
+    built the whole model (gigabytes, minutes) and only then reported missing or mismatched weights.
+    The bound is loose on purpose: one bit a parameter (any quantized checkpoint holds more), an embedding
+    counted once (tied), h*h/2 a layer (the query and output projections hold more). Checkpoints without
+    safetensors files (pytorch_model.bin), or whose headers cannot be read, are left to transformers."""
+    from safetensors import safe_open
+
+    shapes: dict[str, list[int]] = {}
+    try:  # (an index transformers has not read yet may be broken too)
+        files = _safetensors_files(path)
+        if not files or not all(f.is_file() for f in files):
+            return
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                names = f.keys()  # (a safe_open handle is not iterable)
+                shapes.update({name: list(f.get_slice(name).get_shape()) for name in names})
+        stored_bytes = sum(f.stat().st_size for f in files)
+    except Exception:  # (a damaged file or index: transformers' load below reports it by name)
+        return
+    raw = json.loads((path / "config.json").read_text())
+
+    def named(attr: str) -> str:
+        key = _stored_key(config, attr)
+        unset = "" if key in raw else f" (not in config.json: transformers' default for {config.model_type})"
+        return f"{key}={getattr(config, attr)}{unset}"
+
+    layers = getattr(config, "num_hidden_layers", None)
+    indices: dict[str, set[int]] = {}
+    for name in shapes:
+        m = _LAYER_INDEX.match(name)
+        if m:
+            indices.setdefault(m.group(1), set()).add(int(m.group(2)))
+    if isinstance(layers, int) and indices:
+        prefix, held = max(indices.items(), key=lambda kv: len(kv[1]))
+        if layers > len(held):
+            raise UserError(
+                f"'{path}/config.json': {named('num_hidden_layers')}, but the weights in '{path}' hold "
+                f"{len(held)} layer(s) ({prefix}.{min(held)} to {prefix}.{max(held)}); transformers would "
+                f"build all {layers} layers, {layers - len(held)} of them from random values. Expected "
+                "config.json as save_pretrained wrote it with these weights."
+            )
+    hidden, vocab = getattr(config, "hidden_size", None), getattr(config, "vocab_size", None)
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, vocab, layers)):
+        return
+    least = vocab * hidden + layers * hidden * hidden // 2
+    if least > 8 * stored_bytes:
+        values = sum(math.prod(shape) for shape in shapes.values())
+        raise UserError(
+            f"'{path}/config.json' makes a model far larger than its weights: {named('hidden_size')}, "
+            f"{named('vocab_size')} and {named('num_hidden_layers')} make at least {least:,} parameters, but "
+            f"the weight files in '{path}' hold {values:,} values ({stored_bytes / 1e6:.1f} MB); "
+            "transformers would build the whole model before noticing. Expected config.json as "
+            "save_pretrained wrote it with these weights."
         )
 
 
