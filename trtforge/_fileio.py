@@ -399,6 +399,8 @@ def sweep_dead_work_directories(tmpdir: str | os.PathLike[str] | None = None) ->
             for child in entry.iterdir():
                 if child.name != _WORK_MARK:
                     _remove(child)
+            if os.listdir(entry) != [_WORK_MARK]:  # (what could not be removed keeps its mark: retried)
+                continue
             with contextlib.suppress(OSError):
                 (entry / _WORK_MARK).unlink()
                 entry.rmdir()
