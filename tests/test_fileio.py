@@ -358,7 +358,7 @@ def test_a_commit_killed_before_its_commit_point_is_undone_by_the_next_reader(tm
     a, b = tmp_path / "m.onnx.data", tmp_path / "m.onnx"
     a.write_text("old data")
     b.write_text("old model")
-    staged = [(tmp_path / ".a.tmp", a), (tmp_path / ".b.tmp", b)]
+    staged = [(tmp_path / ".m.onnx.data.a0000000.tmp", a), (tmp_path / ".m.onnx.b0000000.tmp", b)]
     for tmp, _ in staged:
         tmp.write_text("new")
     _write_record(temp_name(b, "commit"), "0123", temp_name(a, "commit"), staged)
@@ -398,3 +398,113 @@ def test_what_writers_killed_before_their_commit_point_left_the_next_commit_swee
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.onnx", "m.onnx.notes.tmp", live.name])
     release()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.notes.tmp"]
+
+
+def _forge(record: Path, files: list[list[str]], *, commit: str | None = None, token: str = "0bad") -> None:
+    """Write a commit record by hand, as an archive could carry one: `files` as (staged, destination)
+    relative to the record's directory (or absolute), `commit` the primary record (by default itself)."""
+    import json
+
+    doc = {"format": "trtforge.commit/1", "token": token, "commit": commit or record.name, "files": files}
+    record.write_text(json.dumps(doc))
+
+
+_STAGED = ".m.onnx.abcdefgh.tmp"  # (a staged name of m.onnx: atomic_open's)
+
+
+@pytest.mark.parametrize(
+    ("files", "commit", "why"),
+    [
+        ([["../home/victim.txt", "m.onnx"]], None, "no staged name"),  # roll forward: victim moved here
+        ([["{victim}", "m.onnx"]], None, "not a path relative"),  # an absolute path
+        ([["../home/victim.txt", "n.onnx"], [_STAGED, "m.onnx"]], "n.onnx", "no staged name"),  # roll back
+        ([[_STAGED, "m.onnx"]], "n.onnx", "commit point"),
+        ([[_STAGED, "m.onnx"], ["../home/.victim.txt.abcdefgh.tmp", "../home/victim.txt"]], None, "no rec"),
+        ([[_STAGED, "m.onnx"], ["x/.victim.txt.abcdefgh.tmp", "x/victim.txt"]], None, "no record"),  # a link
+        ([["../home/.victim.txt.abcdefgh.tmp", "../home/victim.txt"]], None, "stands beside"),
+        ([[".other.onnx.abcdefgh.tmp", "m.onnx"]], None, "no staged name"),  # another output's staged file
+    ],
+)
+def test_a_forged_commit_record_renames_or_deletes_nothing_it_could_not_have_staged(
+    tmp_path, files, commit, why
+) -> None:
+    """Before: a reader settled any `.trtforge-*.commit` beside the file it read as it said, so one from an
+    unpacked archive deleted (roll back) or moved onto the model (roll forward) any file it named: through
+    `..`, an absolute path, a symlinked directory, or another output's staged file. Now a record must name
+    what a commit of its destinations could (staged names beside them, its own destination among them),
+    and a destination in another directory only with this commit's record beside it; else a UserError
+    naming the record, nothing renamed or deleted."""
+    from trtforge._fileio import check_input_file, temp_name
+
+    d, home = tmp_path / "archive", tmp_path / "home"
+    d.mkdir()
+    home.mkdir()
+    victim = home / "victim.txt"
+    victim.write_text("the user's")
+    (home / ".victim.txt.abcdefgh.tmp").write_text("another writer's staged file")
+    (d / "x").symlink_to(home)
+    (d / "m.onnx").write_text("model")
+    for name in (_STAGED, ".other.onnx.abcdefgh.tmp"):
+        (d / name).write_text("staged")
+    record = temp_name(d / "m.onnx", "commit")
+    primary = temp_name(d / commit, "commit").name if commit else None
+    _forge(record, [[t.format(victim=victim), dest] for t, dest in files], commit=primary)
+    before = {p: p.read_text() for p in [*d.iterdir(), *home.iterdir()] if p.is_file()}
+    with pytest.raises(UserError, match=rf"'{record}' has the name of the record .*{why}.*nothing it names"):
+        check_input_file(d / "m.onnx")
+    assert {p: p.read_text() for p in [*d.iterdir(), *home.iterdir()] if p.is_file()} == before
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory", "pipe"])
+def test_a_commit_record_renames_only_regular_staged_files(tmp_path, kind) -> None:
+    """A record (committed: its own primary) whose staged file is a symbolic link to a file elsewhere, a
+    directory or a pipe: before, the link was moved onto the output (the reader then read the other file),
+    and the pipe's lock check would wait forever. Now a UserError, nothing renamed."""
+    from trtforge._fileio import check_input_file, temp_name
+
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("elsewhere")
+    (tmp_path / "m.onnx").write_text("model")
+    staged = tmp_path / _STAGED
+    if kind == "symlink":
+        staged.symlink_to(elsewhere)
+    elif kind == "directory":
+        staged.mkdir()
+    else:
+        os.mkfifo(staged)
+    record = temp_name(tmp_path / "m.onnx", "commit")
+    _forge(record, [[_STAGED, "m.onnx"]])
+    with pytest.raises(UserError, match=rf"'{record}' has the name .* is no file"):
+        check_input_file(tmp_path / "m.onnx")
+    assert (tmp_path / "m.onnx").read_text() == "model" and not (tmp_path / "m.onnx").is_symlink()
+    assert os.path.lexists(staged) and elsewhere.read_text() == "elsewhere"
+
+
+def test_a_commit_record_leaves_a_live_writers_staged_file_alone(tmp_path) -> None:
+    """A record naming a staged file that a running process holds (its flock): before, a roll forward
+    moved the half-written file onto the output, a roll back deleted it under its writer. Now the roll
+    forward is refused (UserError, nothing renamed) and the roll back leaves it."""
+    import fcntl
+
+    from trtforge._fileio import check_input_file, settle_commit, temp_name
+
+    out = tmp_path / "m.onnx"
+    out.write_text("model")
+    staged = tmp_path / _STAGED
+    staged.write_text("half")
+    record = temp_name(out, "commit")
+    fd = os.open(staged, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # (another open file description: a live writer's)
+    try:
+        _forge(record, [[_STAGED, "m.onnx"]])
+        with pytest.raises(UserError, match="a running process holds"):
+            check_input_file(out)
+        assert out.read_text() == "model" and staged.read_text() == "half"
+        record.unlink()  # a secondary record whose primary never came: rolled back
+        (tmp_path / ".n.onnx.abcdefgh.tmp").write_text("a dead writer's")
+        secondary = temp_name(tmp_path / "n.onnx", "commit")
+        _forge(secondary, [[_STAGED, "m.onnx"], [".n.onnx.abcdefgh.tmp", "n.onnx"]], commit=record.name)
+        settle_commit(tmp_path / "n.onnx")
+        assert sorted(p.name for p in tmp_path.iterdir()) == [_STAGED, "m.onnx"]
+    finally:
+        os.close(fd)
