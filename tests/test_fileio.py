@@ -508,3 +508,52 @@ def test_a_commit_record_leaves_a_live_writers_staged_file_alone(tmp_path) -> No
         assert sorted(p.name for p in tmp_path.iterdir()) == [_STAGED, "m.onnx"]
     finally:
         os.close(fd)
+
+
+_READ_ONLY_READER = """
+import subprocess, sys
+from pathlib import Path
+from trtforge._fileio import _write_record, check_input_file, temp_name
+from trtforge.errors import UserError
+d = Path(sys.argv[1])
+for names in (["m.onnx.data", "m.onnx"], ["n.onnx"]):  # (m's secondary record only: rolled back)
+    staged = [(d / f".{name}.a0000000.tmp", d / name) for name in names]
+    for tmp, out in staged:
+        out.write_text("old " + out.name)
+        tmp.write_text("new " + out.name)
+    _write_record(temp_name(d / names[-1], "commit"), "0123", temp_name(d / names[0], "commit"), staged)
+subprocess.run(["mount", "-o", "remount,ro", str(d)], check=True)
+print(check_input_file(d / "m.onnx").read_text())
+try:
+    check_input_file(d / "n.onnx")
+except UserError as e:
+    print(e)
+"""
+
+
+def test_a_rolled_back_commit_in_a_read_only_directory_reads_the_old_group(tmp_path) -> None:
+    """A record left by a writer killed before its commit point, in a directory the reader cannot write (a
+    read-only mount; chmod does not stop root): before, every read of its files was a UserError (the
+    roll-back could not delete the staged files). Now the reader reads the old group, which the roll-back
+    keeps whole anyway; one after the commit point still asks for a writable directory (its roll forward
+    is needed for a whole group)."""
+    import shutil
+
+    probe = ["unshare", "-rm", "true"]
+    if not shutil.which("unshare") or subprocess.run(probe, capture_output=True).returncode:
+        pytest.skip("no private mount namespace here (unshare -rm), so no read-only tmpfs to test in")
+    d = tmp_path / "ro"
+    d.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    script = f'mount -t tmpfs tmpfs "$1" && exec "{sys.executable}" -c "$0" "$1"'
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, _READ_ONLY_READER, str(d)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "old m.onnx"
+    assert "could not be settled (Read-only file system); make its directory writable" in lines[1]

@@ -661,54 +661,74 @@ def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Pa
     beside their destination is one of this commit too: a record from elsewhere (an unpacked archive)
     reaches no further than its own directory. (What a roll-back leaves in such a directory, whose own
     record the kill came before, the next commit onto that output sweeps.) Everything is checked before
-    anything is renamed."""
+    anything is renamed. A roll-back that the directory's permissions (or a read-only filesystem) forbid is
+    left undone: the old group it keeps is whole, so a reader reads it."""
     committed = os.path.lexists(primary) and (_read_record(primary) or ("",))[0] == token
     here = Path(_real(record)).parent
     vouched = {here}
     for parent, rec in {(d.parent, temp_name(d, _COMMIT)) for _, d in files if d.parent != here}:
         if os.path.lexists(rec) and (_read_record(rec) or ("",))[0] == token:
             vouched.add(parent)
-    with contextlib.ExitStack() as held:
-        act: list[tuple[Path, Path]] = []
+    try:
+        with contextlib.ExitStack() as held:
+            act = _settleable(record, committed, vouched, files, held)
+            for tmp, dest in act:
+                if committed:
+                    os.replace(tmp, dest)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
         for tmp, dest in files:
-            try:
-                st = os.lstat(tmp)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                raise _not_genuine(record, f"'{show_path(tmp)}', which it names as a staged file, is no file")
-            if dest.parent not in vouched:
-                if committed:
-                    raise _not_genuine(record, f"'{show_path(dest)}' has no record of that commit beside it")
-                continue
-            fd = try_lock(tmp, follow=False)
-            if fd is None:
-                if committed:
-                    raise UserError(
-                        f"'{show_path(record)}' records an interrupted write of a group of files whose "
-                        f"staged file '{show_path(tmp)}' a running process holds; retry when it has finished."
-                    )
-                continue  # (a live writer's own staged file: not ours to delete)
-            if fd >= 0:
-                held.callback(os.close, fd)
-            if committed and os.path.isdir(dest) and not os.path.islink(dest):
-                raise _not_genuine(record, f"its destination '{show_path(dest)}' is a directory")
-            act.append((tmp, dest))
-        for tmp, dest in act:
-            if committed:
-                os.replace(tmp, dest)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
+            if tmp.parent != dest.parent and dest.parent in vouched:
+                with contextlib.suppress(OSError):  # (save_onnx_atomic's staging directory, empty now)
+                    tmp.parent.rmdir()
+        for parent in {dest.parent for _, dest in files} & vouched:
+            fsync_dir(parent)
+        records = list(dict.fromkeys(temp_name(dest, _COMMIT) for _, dest in files if dest.parent in vouched))
+        for rec in [r for r in records if r != primary] + [primary]:
+            _unlink_record(rec, token)
+    except OSError as e:
+        if committed or e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        # (rolled back: no destination was touched, so the old group stands whole; in a directory this
+        # process may not write, the record and staged files stay, hidden, for a writer to clear)
+
+
+def _settleable(
+    record: Path,
+    committed: bool,
+    vouched: set[Path],
+    files: list[tuple[Path, Path]],
+    held: contextlib.ExitStack,
+) -> list[tuple[Path, Path]]:
+    """The (staged, destination) pairs of `files` that settling `record` may rename (`committed`) or delete,
+    each staged file's flock taken and kept by `held`; a UserError for what no genuine commit leaves."""
+    act: list[tuple[Path, Path]] = []
     for tmp, dest in files:
-        if tmp.parent != dest.parent and dest.parent in vouched:
-            with contextlib.suppress(OSError):  # (save_onnx_atomic's staging directory, empty now)
-                tmp.parent.rmdir()
-    for parent in {dest.parent for _, dest in files} & vouched:
-        fsync_dir(parent)
-    records = list(dict.fromkeys(temp_name(dest, _COMMIT) for _, dest in files if dest.parent in vouched))
-    for rec in [r for r in records if r != primary] + [primary]:
-        _unlink_record(rec, token)
+        try:
+            st = os.lstat(tmp)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_genuine(record, f"'{show_path(tmp)}', which it names as staged, is no file")
+        if dest.parent not in vouched:
+            if committed:
+                raise _not_genuine(record, f"'{show_path(dest)}' has no record of that commit beside it")
+            continue
+        fd = try_lock(tmp, follow=False)
+        if fd is None:
+            if committed:
+                raise UserError(
+                    f"'{show_path(record)}' records an interrupted write of a group of files whose "
+                    f"staged file '{show_path(tmp)}' a running process holds; retry when it has finished."
+                )
+            continue  # (a live writer's own staged file: not ours to delete)
+        if fd >= 0:
+            held.callback(os.close, fd)
+        if committed and os.path.isdir(dest) and not os.path.islink(dest):
+            raise _not_genuine(record, f"its destination '{show_path(dest)}' is a directory")
+        act.append((tmp, dest))
+    return act
 
 
 def _closer(fd: int | None) -> Callable[[], None]:
