@@ -645,7 +645,8 @@ def settle_commit(*paths: str | os.PathLike[str]) -> None:
                 again = _read_record(record)
                 if again is not None and again[0] == token:  # (else another settled it meanwhile: look again)
                     try:
-                        _settle_commit(record, token, primary, files)
+                        if not _settle_commit(record, token, primary, files):
+                            break  # (left as it was: a read-only directory)
                     except OSError as e:
                         raise UserError(
                             f"an interrupted write of a group of files left '{show_path(record)}', which "
@@ -654,7 +655,7 @@ def settle_commit(*paths: str | os.PathLike[str]) -> None:
                         ) from e
 
 
-def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Path, Path]]) -> None:
+def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Path, Path]]) -> bool:
     """Roll the group of commit `token` (read from `record`) forward (its primary record is there) or back
     (it is not), then remove its records. Only staged files that are regular files no live process holds
     (by flock) are renamed or deleted, and in another directory than `record`'s only where the record
@@ -662,7 +663,7 @@ def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Pa
     reaches no further than its own directory. (What a roll-back leaves in such a directory, whose own
     record the kill came before, the next commit onto that output sweeps.) Everything is checked before
     anything is renamed. A roll-back that the directory's permissions (or a read-only filesystem) forbid is
-    left undone: the old group it keeps is whole, so a reader reads it."""
+    left undone (False): the old group it keeps is whole, so a reader reads it."""
     committed = os.path.lexists(primary) and (_read_record(primary) or ("",))[0] == token
     here = Path(_real(record)).parent
     vouched = {here}
@@ -692,6 +693,8 @@ def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Pa
             raise
         # (rolled back: no destination was touched, so the old group stands whole; in a directory this
         # process may not write, the record and staged files stay, hidden, for a writer to clear)
+        return False
+    return True
 
 
 def _settleable(
