@@ -298,3 +298,33 @@ def test_reading_an_engine_does_not_list_its_directory(tmp_path, monkeypatch) ->
     monkeypatch.setattr(os, "listdir", no_listing)
     monkeypatch.setattr(os, "scandir", no_listing)
     assert _loaded(out) == OLD and read_manifest(out).engine_sha256 == sha256_bytes(OLD)
+
+
+def test_inspect_finds_an_engine_whose_first_publish_stopped_after_its_commit_point(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A first compile to m.engine killed after its commit point, before either rename: neither file is
+    in place, the commit record says both are. Before: `trtforge inspect m.engine` said it does not exist
+    (it looked before anything settled the commit; rt.load found it). Now inspect settles first."""
+    from trtforge.cli.main import main
+
+    out = tmp_path / "m.engine"
+    real = os.replace
+
+    class Killed(BaseException):
+        pass
+
+    def replace(src, dst):
+        if dst == out:
+            raise Killed
+        real(src, dst)
+
+    monkeypatch.setattr(manifest_mod.os, "replace", replace)
+    with pytest.raises(Killed):
+        publish_engine(out, NEW, _manifest(out, NEW))
+    monkeypatch.undo()
+    assert not out.exists()
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["engine_sha256"] == sha256_bytes(NEW)
+    assert _names(tmp_path) == ["m.engine", "m.engine.json"]
