@@ -423,6 +423,7 @@ _STAGED = ".m.onnx.abcdefgh.tmp"  # (a staged name of m.onnx: atomic_open's)
         ([[_STAGED, "m.onnx"], ["x/.victim.txt.abcdefgh.tmp", "x/victim.txt"]], None, "no record"),  # a link
         ([["../home/.victim.txt.abcdefgh.tmp", "../home/victim.txt"]], None, "stands beside"),
         ([[".other.onnx.abcdefgh.tmp", "m.onnx"]], None, "no staged name"),  # another output's staged file
+        ([[_STAGED, "m.onnx"], [".other.onnx.abcdefgh.tmp", "other.onnx"]], None, "no rec"),  # its output
     ],
 )
 def test_a_forged_commit_record_renames_or_deletes_nothing_it_could_not_have_staged(
@@ -430,10 +431,10 @@ def test_a_forged_commit_record_renames_or_deletes_nothing_it_could_not_have_sta
 ) -> None:
     """Before: a reader settled any `.trtforge-*.commit` beside the file it read as it said, so one from an
     unpacked archive deleted (roll back) or moved onto the model (roll forward) any file it named: through
-    `..`, an absolute path, a symlinked directory, or another output's staged file. Now a record must name
-    what a commit of its destinations could (staged names beside them, its own destination among them),
-    and a destination in another directory only with this commit's record beside it; else a UserError
-    naming the record, nothing renamed or deleted."""
+    `..`, an absolute path, a symlinked directory, or another output's staged file (onto that output).
+    Now a record must name what a commit of its destinations could (staged names beside them, its own
+    destination among them), and a roll forward onto a destination only with this commit's record beside
+    it too; else a UserError naming the record, nothing renamed or deleted."""
     from trtforge._fileio import check_input_file, temp_name
 
     d, home = tmp_path / "archive", tmp_path / "home"

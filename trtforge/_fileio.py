@@ -658,21 +658,24 @@ def settle_commit(*paths: str | os.PathLike[str]) -> None:
 def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Path, Path]]) -> bool:
     """Roll the group of commit `token` (read from `record`) forward (its primary record is there) or back
     (it is not), then remove its records. Only staged files that are regular files no live process holds
-    (by flock) are renamed or deleted, and in another directory than `record`'s only where the record
-    beside their destination is one of this commit too: a record from elsewhere (an unpacked archive)
-    reaches no further than its own directory. (What a roll-back leaves in such a directory, whose own
-    record the kill came before, the next commit onto that output sweeps.) Everything is checked before
+    (by flock) are renamed or deleted: renamed only onto a destination beside which a record of this
+    commit stands too, deleted in another directory than `record`'s only there: a record from elsewhere
+    (an unpacked archive) reaches no further than its own directory, nor onto another output there. (What
+    a roll-back leaves in another directory, whose own record the kill came before, the next commit onto
+    that output sweeps.) Everything is checked before
     anything is renamed. A roll-back that the directory's permissions (or a read-only filesystem) forbid is
     left undone (False): the old group it keeps is whole, so a reader reads it."""
     committed = os.path.lexists(primary) and (_read_record(primary) or ("",))[0] == token
     here = Path(_real(record)).parent
-    vouched = {here}
-    for parent, rec in {(d.parent, temp_name(d, _COMMIT)) for _, d in files if d.parent != here}:
-        if os.path.lexists(rec) and (_read_record(rec) or ("",))[0] == token:
-            vouched.add(parent)
+    vouched = set()  # (destinations beside which a record of this commit stands)
+    for dest in dict.fromkeys(d for _, d in files):
+        rec = temp_name(dest, _COMMIT)
+        if str(rec) == _real(record) or (os.path.lexists(rec) and (_read_record(rec) or ("",))[0] == token):
+            vouched.add(dest)
+    reach = {d for _, d in files if d in vouched or d.parent == here}
     try:
         with contextlib.ExitStack() as held:
-            act = _settleable(record, committed, vouched, files, held)
+            act = _settleable(record, committed, vouched, here, files, held)
             for tmp, dest in act:
                 if committed:
                     os.replace(tmp, dest)
@@ -680,12 +683,12 @@ def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Pa
                     with contextlib.suppress(FileNotFoundError):
                         tmp.unlink()
         for tmp, dest in files:
-            if tmp.parent != dest.parent and dest.parent in vouched:
+            if tmp.parent != dest.parent and dest in reach:
                 with contextlib.suppress(OSError):  # (save_onnx_atomic's staging directory, empty now)
                     tmp.parent.rmdir()
-        for parent in {dest.parent for _, dest in files} & vouched:
+        for parent in {dest.parent for dest in reach}:
             fsync_dir(parent)
-        records = list(dict.fromkeys(temp_name(dest, _COMMIT) for _, dest in files if dest.parent in vouched))
+        records = list(dict.fromkeys(temp_name(dest, _COMMIT) for _, dest in files if dest in reach))
         for rec in [r for r in records if r != primary] + [primary]:
             _unlink_record(rec, token)
     except OSError as e:
@@ -701,11 +704,14 @@ def _settleable(
     record: Path,
     committed: bool,
     vouched: set[Path],
+    here: Path,
     files: list[tuple[Path, Path]],
     held: contextlib.ExitStack,
 ) -> list[tuple[Path, Path]]:
-    """The (staged, destination) pairs of `files` that settling `record` may rename (`committed`) or delete,
-    each staged file's flock taken and kept by `held`; a UserError for what no genuine commit leaves."""
+    """The (staged, destination) pairs of `files` that settling `record` (in directory `here`) may rename
+    (`committed`: only onto a destination with a record of the commit beside it, `vouched`, as every
+    destination has until its staged file is renamed) or delete (also in `here`), each staged file's flock
+    taken and kept by `held`; a UserError for what no genuine commit leaves."""
     act: list[tuple[Path, Path]] = []
     for tmp, dest in files:
         try:
@@ -714,10 +720,11 @@ def _settleable(
             continue
         if not stat.S_ISREG(st.st_mode):
             raise _not_genuine(record, f"'{show_path(tmp)}', which it names as staged, is no file")
-        if dest.parent not in vouched:
+        if dest not in vouched:
             if committed:
                 raise _not_genuine(record, f"'{show_path(dest)}' has no record of that commit beside it")
-            continue
+            if dest.parent != here:
+                continue
         fd = try_lock(tmp, follow=False)
         if fd is None:
             if committed:
