@@ -561,3 +561,39 @@ def test_a_rolled_back_commit_in_a_read_only_directory_reads_the_old_group(tmp_p
     lines = proc.stdout.splitlines()
     assert lines[0] == "old m.onnx 1"  # (tried once, not once a turn of settle_commit's loop)
     assert "could not be settled (Read-only file system); make its directory writable" in lines[1]
+
+
+@pytest.mark.parametrize("kind", ["pipe", "link to /dev/zero", "nested too deep"])
+def test_a_commit_record_that_is_no_small_json_file_is_refused_at_once(tmp_path, kind) -> None:
+    """A `.trtforge-*.commit` beside a model that is a pipe (an archive can carry one), a link to /dev/zero
+    or JSON nested beyond the parser's depth: before, every reader of the model waited on the pipe
+    forever, read /dev/zero until memory ran out, or failed with an internal RecursionError. Now each is a
+    UserError naming the record, at once (a record is also read no further than 1 MiB)."""
+    import threading
+
+    from trtforge._fileio import check_input_file, temp_name
+
+    (tmp_path / "m.onnx").write_text("model")
+    record = temp_name(tmp_path / "m.onnx", "commit")
+    if kind == "pipe":
+        os.mkfifo(record)
+    elif kind == "link to /dev/zero":
+        record.symlink_to("/dev/zero")
+    else:
+        record.write_text("[" * 100_000 + "]" * 100_000)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            check_input_file(tmp_path / "m.onnx")
+        except BaseException as e:
+            errors.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(20)
+    if reader.is_alive() and kind == "pipe":  # (let the waiting reader go)
+        os.close(os.open(record, os.O_WRONLY | os.O_NONBLOCK))
+    assert not reader.is_alive(), "the reader is still waiting"
+    assert len(errors) == 1 and isinstance(errors[0], UserError), errors
+    assert f"'{record}' is the record of an interrupted write" in str(errors[0])

@@ -526,7 +526,7 @@ def _read_record(record: Path) -> tuple[str, Path, list[tuple[Path, Path]]] | No
     names what no commit of its destinations could (:func:`_check_record`). Paths come back absolute and
     normalized against the record's real directory, as :func:`_write_record` made them relative."""
     try:
-        data = json.loads(record.read_bytes())
+        data = json.loads(_record_bytes(record))
         if data["format"] != _COMMIT_FORMAT or not isinstance(data["token"], str) or not data["token"]:
             raise ValueError(f"format {data['format']!r}")
         base = os.path.realpath(record.parent if str(record.parent) else ".")
@@ -544,7 +544,7 @@ def _read_record(record: Path) -> tuple[str, Path, list[tuple[Path, Path]]] | No
         return None
     except OSError as e:
         raise os_error(e, record, "read") from e
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise UserError(
             f"'{show_path(record)}' is the record of an interrupted write of a group of files (a model and "
             f"its data file, an engine and its manifest), but it is damaged ({type(e).__name__}: {e}), so "
@@ -553,6 +553,30 @@ def _read_record(record: Path) -> tuple[str, Path, list[tuple[Path, Path]]] | No
         ) from e
     _check_record(record, primary, files)
     return data["token"], primary, files
+
+
+#: bytes a commit record may hold (one names each staged file of its group once: a few KiB)
+_RECORD_MAX = 1 << 20
+
+
+def _record_bytes(record: Path) -> bytes:
+    """The bytes of commit record `record`: a regular file of at most _RECORD_MAX bytes, else ValueError
+    (a pipe there made every reader wait forever, a link to /dev/zero read until memory ran out)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(record, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError("it is a symbolic link") from e
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("it is not a regular file")
+        data = f.read(_RECORD_MAX + 1)
+    if len(data) > _RECORD_MAX:
+        raise ValueError(f"it holds more than {_RECORD_MAX} bytes")
+    return data
 
 
 def _not_genuine(record: Path, why: str) -> UserError:
