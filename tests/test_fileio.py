@@ -597,3 +597,46 @@ def test_a_commit_record_that_is_no_small_json_file_is_refused_at_once(tmp_path,
     assert not reader.is_alive(), "the reader is still waiting"
     assert len(errors) == 1 and isinstance(errors[0], UserError), errors
     assert f"'{record}' is the record of an interrupted write" in str(errors[0])
+
+
+def test_a_commit_through_symlinks_and_odd_spellings_is_settled_from_any_spelling(
+    tmp_path, monkeypatch
+) -> None:
+    """A group written as `./lnk/../lnk/q.onnx` (lnk a link to a directory), `c/../c/q.cache` and `lnk/out`
+    (itself a link to a file elsewhere), stopped after its first rename: the reader of `real/out` finds
+    the record (records are named and resolved by real directory) and finishes all three; `out` becomes
+    the new file (the link is replaced, not followed), and the file it pointed to is untouched."""
+    from trtforge import _fileio
+    from trtforge._fileio import atomic_outputs, atomic_write_text, check_input_file
+
+    for name in ("real", "c"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "lnk").symlink_to(tmp_path / "real")
+    (tmp_path / "elsewhere").write_text("elsewhere")
+    (tmp_path / "real" / "out").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path)
+    real = os.replace
+
+    def replace(src, dst):
+        real(src, dst)
+        if Path(dst).name == "q.onnx":
+            raise _Killed
+
+    def write_group() -> None:
+        with atomic_outputs():
+            for path in ("./lnk/../lnk/q.onnx", "c/../c/q.cache", "lnk/out"):
+                atomic_write_text(path, "new " + Path(path).name)
+
+    monkeypatch.setattr(_fileio.os, "replace", replace)
+    with pytest.raises(_Killed):
+        write_group()
+    monkeypatch.setattr(_fileio.os, "replace", real)
+    check_input_file(tmp_path / "real" / "out")
+    assert sorted(os.listdir(tmp_path / "real")) == ["out", "q.onnx"] and os.listdir("c") == ["q.cache"]
+    assert [(tmp_path / p).read_text() for p in ("real/q.onnx", "c/q.cache", "real/out")] == [
+        "new q.onnx",
+        "new q.cache",
+        "new out",
+    ]
+    assert not (tmp_path / "real" / "out").is_symlink()
+    assert (tmp_path / "elsewhere").read_text() == "elsewhere"
