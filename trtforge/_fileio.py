@@ -19,11 +19,12 @@ by its record and settles it under the same locks: with the primary record there
 the staged files still there (roll forward), without it it deletes them (roll back); then it removes the
 records. So a group reads as the old one or the new one, never a mix. A record is data on disk (one may
 come from an unpacked archive): a damaged one, or one naming what no commit of its destinations could
-(a staged file that is no trtforge staged name beside its destination, an absolute path, a destination
-in another directory without that commit's record beside it, a staged file that is no regular file), is
-a UserError naming it, nothing renamed or deleted; a staged file a live process holds is never touched.
-What a kill before the commit point leaves (staged files no record names, each flocked while
-its writer lives) is hidden, never read as an output, and swept by the next commit onto that output.
+(a staged file that is no trtforge staged name beside its destination, an absolute path, a roll forward
+onto a destination without that commit's record beside it, a staged file that is no regular file), is
+a UserError naming it, nothing renamed or deleted; a staged file a live process holds is never touched,
+and a roll-back a read-only directory forbids is left undone (the old group stands whole). What a kill
+before the commit point leaves (staged files no record names, each flocked while its writer lives) is
+hidden, never read as an output, and swept by the next commit onto that output.
 """
 
 from __future__ import annotations
@@ -686,9 +687,9 @@ def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Pa
     commit stands too, deleted in another directory than `record`'s only there: a record from elsewhere
     (an unpacked archive) reaches no further than its own directory, nor onto another output there. (What
     a roll-back leaves in another directory, whose own record the kill came before, the next commit onto
-    that output sweeps.) Everything is checked before
-    anything is renamed. A roll-back that the directory's permissions (or a read-only filesystem) forbid is
-    left undone (False): the old group it keeps is whole, so a reader reads it."""
+    that output sweeps.) Everything is checked before anything is renamed. A roll-back that the
+    directory's permissions (or a read-only filesystem) forbid is left undone (False): the old group it
+    keeps is whole, so a reader reads it."""
     committed = os.path.lexists(primary) and (_read_record(primary) or ("",))[0] == token
     here = Path(_real(record)).parent
     vouched = set()  # (destinations beside which a record of this commit stands)
