@@ -408,7 +408,7 @@ def test_a_commit_killed_before_its_commit_point_is_undone_by_the_next_reader(tm
     a, b = tmp_path / "m.onnx.data", tmp_path / "m.onnx"
     a.write_text("old data")
     b.write_text("old model")
-    staged = [(tmp_path / ".a.tmp", a), (tmp_path / ".b.tmp", b)]
+    staged = [(tmp_path / ".m.onnx.data.a0000000.tmp", a), (tmp_path / ".m.onnx.b0000000.tmp", b)]
     for tmp, _ in staged:
         tmp.write_text("new")
     _write_record(temp_name(b, "commit"), "0123", temp_name(a, "commit"), staged)
@@ -504,3 +504,245 @@ def test_a_plain_save_onnx_atomic_killed_leaves_a_staging_directory_the_next_sav
         live.wait()
     save_onnx_atomic(onnx.load(str(src)), out)  # (the live one is dead now: the next save removes it)
     assert sorted(p.name for p in d.iterdir()) == ["s.onnx"]
+
+
+def _forge(record: Path, files: list[list[str]], *, commit: str | None = None, token: str = "0bad") -> None:
+    """Write a commit record by hand, as an archive could carry one: `files` as (staged, destination)
+    relative to the record's directory (or absolute), `commit` the primary record (by default itself)."""
+    import json
+
+    doc = {"format": "trtforge.commit/1", "token": token, "commit": commit or record.name, "files": files}
+    record.write_text(json.dumps(doc))
+
+
+_STAGED = ".m.onnx.abcdefgh.tmp"  # (a staged name of m.onnx: atomic_open's)
+
+
+@pytest.mark.parametrize(
+    ("files", "commit", "why"),
+    [
+        ([["../home/victim.txt", "m.onnx"]], None, "no staged name"),  # roll forward: victim moved here
+        ([["{victim}", "m.onnx"]], None, "not a path relative"),  # an absolute path
+        ([["../home/victim.txt", "n.onnx"], [_STAGED, "m.onnx"]], "n.onnx", "no staged name"),  # roll back
+        ([[_STAGED, "m.onnx"]], "n.onnx", "commit point"),
+        ([[_STAGED, "m.onnx"], ["../home/.victim.txt.abcdefgh.tmp", "../home/victim.txt"]], None, "no rec"),
+        ([[_STAGED, "m.onnx"], ["x/.victim.txt.abcdefgh.tmp", "x/victim.txt"]], None, "no record"),  # a link
+        ([["../home/.victim.txt.abcdefgh.tmp", "../home/victim.txt"]], None, "stands beside"),
+        ([[".other.onnx.abcdefgh.tmp", "m.onnx"]], None, "no staged name"),  # another output's staged file
+        ([[_STAGED, "m.onnx"], [".other.onnx.abcdefgh.tmp", "other.onnx"]], None, "no rec"),  # its output
+    ],
+)
+def test_a_forged_commit_record_renames_or_deletes_nothing_it_could_not_have_staged(
+    tmp_path, files, commit, why
+) -> None:
+    """Before: a reader settled any `.trtforge-*.commit` beside the file it read as it said, so one from an
+    unpacked archive deleted (roll back) or moved onto the model (roll forward) any file it named: through
+    `..`, an absolute path, a symlinked directory, or another output's staged file (onto that output).
+    Now a record must name what a commit of its destinations could (staged names beside them, its own
+    destination among them), and a roll forward onto a destination only with this commit's record beside
+    it too; else a UserError naming the record, nothing renamed or deleted."""
+    from trtforge._fileio import check_input_file, temp_name
+
+    d, home = tmp_path / "archive", tmp_path / "home"
+    d.mkdir()
+    home.mkdir()
+    victim = home / "victim.txt"
+    victim.write_text("the user's")
+    (home / ".victim.txt.abcdefgh.tmp").write_text("another writer's staged file")
+    (d / "x").symlink_to(home)
+    (d / "m.onnx").write_text("model")
+    for name in (_STAGED, ".other.onnx.abcdefgh.tmp"):
+        (d / name).write_text("staged")
+    record = temp_name(d / "m.onnx", "commit")
+    primary = temp_name(d / commit, "commit").name if commit else None
+    _forge(record, [[t.format(victim=victim), dest] for t, dest in files], commit=primary)
+    before = {p: p.read_text() for p in [*d.iterdir(), *home.iterdir()] if p.is_file()}
+    with pytest.raises(UserError, match=rf"'{record}' has the name of the record .*{why}.*nothing it names"):
+        check_input_file(d / "m.onnx")
+    assert {p: p.read_text() for p in [*d.iterdir(), *home.iterdir()] if p.is_file()} == before
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory", "pipe"])
+def test_a_commit_record_renames_only_regular_staged_files(tmp_path, kind) -> None:
+    """A record (committed: its own primary) whose staged file is a symbolic link to a file elsewhere, a
+    directory or a pipe: before, the link was moved onto the output (the reader then read the other file),
+    and the pipe's lock check would wait forever. Now a UserError, nothing renamed."""
+    from trtforge._fileio import check_input_file, temp_name
+
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("elsewhere")
+    (tmp_path / "m.onnx").write_text("model")
+    staged = tmp_path / _STAGED
+    if kind == "symlink":
+        staged.symlink_to(elsewhere)
+    elif kind == "directory":
+        staged.mkdir()
+    else:
+        os.mkfifo(staged)
+    record = temp_name(tmp_path / "m.onnx", "commit")
+    _forge(record, [[_STAGED, "m.onnx"]])
+    with pytest.raises(UserError, match=rf"'{record}' has the name .* is no file"):
+        check_input_file(tmp_path / "m.onnx")
+    assert (tmp_path / "m.onnx").read_text() == "model" and not (tmp_path / "m.onnx").is_symlink()
+    assert os.path.lexists(staged) and elsewhere.read_text() == "elsewhere"
+
+
+def test_a_commit_record_leaves_a_live_writers_staged_file_alone(tmp_path) -> None:
+    """A record naming a staged file that a running process holds (its flock): before, a roll forward
+    moved the half-written file onto the output, a roll back deleted it under its writer. Now the roll
+    forward is refused (UserError, nothing renamed) and the roll back leaves it."""
+    import fcntl
+
+    from trtforge._fileio import check_input_file, settle_commit, temp_name
+
+    out = tmp_path / "m.onnx"
+    out.write_text("model")
+    staged = tmp_path / _STAGED
+    staged.write_text("half")
+    record = temp_name(out, "commit")
+    fd = os.open(staged, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # (another open file description: a live writer's)
+    try:
+        _forge(record, [[_STAGED, "m.onnx"]])
+        with pytest.raises(UserError, match="a running process holds"):
+            check_input_file(out)
+        assert out.read_text() == "model" and staged.read_text() == "half"
+        record.unlink()  # a secondary record whose primary never came: rolled back
+        (tmp_path / ".n.onnx.abcdefgh.tmp").write_text("a dead writer's")
+        secondary = temp_name(tmp_path / "n.onnx", "commit")
+        _forge(secondary, [[_STAGED, "m.onnx"], [".n.onnx.abcdefgh.tmp", "n.onnx"]], commit=record.name)
+        settle_commit(tmp_path / "n.onnx")
+        assert sorted(p.name for p in tmp_path.iterdir()) == [_STAGED, "m.onnx"]
+    finally:
+        os.close(fd)
+
+
+_READ_ONLY_READER = """
+import subprocess, sys
+from pathlib import Path
+from trtforge._fileio import _write_record, check_input_file, temp_name
+from trtforge.errors import UserError
+d = Path(sys.argv[1])
+for names in (["m.onnx.data", "m.onnx"], ["n.onnx"]):  # (m's secondary record only: rolled back)
+    staged = [(d / f".{name}.a0000000.tmp", d / name) for name in names]
+    for tmp, out in staged:
+        out.write_text("old " + out.name)
+        tmp.write_text("new " + out.name)
+    _write_record(temp_name(d / names[-1], "commit"), "0123", temp_name(d / names[0], "commit"), staged)
+subprocess.run(["mount", "-o", "remount,ro", str(d)], check=True)
+import trtforge._fileio as fileio
+tries, settle = [], fileio._settle_commit
+fileio._settle_commit = lambda *args: tries.append(args) or settle(*args)
+print(check_input_file(d / "m.onnx").read_text(), len(tries))
+try:
+    check_input_file(d / "n.onnx")
+except UserError as e:
+    print(e)
+"""
+
+
+def test_a_rolled_back_commit_in_a_read_only_directory_reads_the_old_group(tmp_path) -> None:
+    """A record left by a writer killed before its commit point, in a directory the reader cannot write (a
+    read-only mount; chmod does not stop root): before, every read of its files was a UserError (the
+    roll-back could not delete the staged files). Now the reader reads the old group, which the roll-back
+    keeps whole anyway; one after the commit point still asks for a writable directory (its roll forward
+    is needed for a whole group)."""
+    import shutil
+
+    probe = ["unshare", "-rm", "true"]
+    if not shutil.which("unshare") or subprocess.run(probe, capture_output=True).returncode:
+        pytest.skip("no private mount namespace here (unshare -rm), so no read-only tmpfs to test in")
+    d = tmp_path / "ro"
+    d.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    script = f'mount -t tmpfs tmpfs "$1" && exec "{sys.executable}" -c "$0" "$1"'
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, _READ_ONLY_READER, str(d)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "old m.onnx 1"  # (tried once, not once a turn of settle_commit's loop)
+    assert "could not be settled (Read-only file system); make its directory writable" in lines[1]
+
+
+@pytest.mark.parametrize("kind", ["pipe", "link to /dev/zero", "nested too deep"])
+def test_a_commit_record_that_is_no_small_json_file_is_refused_at_once(tmp_path, kind) -> None:
+    """A `.trtforge-*.commit` beside a model that is a pipe (an archive can carry one), a link to /dev/zero
+    or JSON nested beyond the parser's depth: before, every reader of the model waited on the pipe
+    forever, read /dev/zero until memory ran out, or failed with an internal RecursionError. Now each is a
+    UserError naming the record, at once (a record is also read no further than 1 MiB)."""
+    import threading
+
+    from trtforge._fileio import check_input_file, temp_name
+
+    (tmp_path / "m.onnx").write_text("model")
+    record = temp_name(tmp_path / "m.onnx", "commit")
+    if kind == "pipe":
+        os.mkfifo(record)
+    elif kind == "link to /dev/zero":
+        record.symlink_to("/dev/zero")
+    else:
+        record.write_text("[" * 100_000 + "]" * 100_000)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            check_input_file(tmp_path / "m.onnx")
+        except BaseException as e:
+            errors.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(20)
+    if reader.is_alive() and kind == "pipe":  # (let the waiting reader go)
+        os.close(os.open(record, os.O_WRONLY | os.O_NONBLOCK))
+    assert not reader.is_alive(), "the reader is still waiting"
+    assert len(errors) == 1 and isinstance(errors[0], UserError), errors
+    assert f"'{record}' is the record of an interrupted write" in str(errors[0])
+
+
+def test_a_commit_through_symlinks_and_odd_spellings_is_settled_from_any_spelling(
+    tmp_path, monkeypatch
+) -> None:
+    """A group written as `./lnk/../lnk/q.onnx` (lnk a link to a directory), `c/../c/q.cache` and `lnk/out`
+    (itself a link to a file elsewhere), stopped after its first rename: the reader of `real/out` finds
+    the record (records are named and resolved by real directory) and finishes all three; `out` becomes
+    the new file (the link is replaced, not followed), and the file it pointed to is untouched."""
+    from trtforge import _fileio
+    from trtforge._fileio import atomic_outputs, atomic_write_text, check_input_file
+
+    for name in ("real", "c"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "lnk").symlink_to(tmp_path / "real")
+    (tmp_path / "elsewhere").write_text("elsewhere")
+    (tmp_path / "real" / "out").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path)
+    real = os.replace
+
+    def replace(src, dst):
+        real(src, dst)
+        if Path(dst).name == "q.onnx":
+            raise _Killed
+
+    def write_group() -> None:
+        with atomic_outputs():
+            for path in ("./lnk/../lnk/q.onnx", "c/../c/q.cache", "lnk/out"):
+                atomic_write_text(path, "new " + Path(path).name)
+
+    monkeypatch.setattr(_fileio.os, "replace", replace)
+    with pytest.raises(_Killed):
+        write_group()
+    monkeypatch.setattr(_fileio.os, "replace", real)
+    check_input_file(tmp_path / "real" / "out")
+    assert sorted(os.listdir(tmp_path / "real")) == ["out", "q.onnx"] and os.listdir("c") == ["q.cache"]
+    assert [(tmp_path / p).read_text() for p in ("real/q.onnx", "c/q.cache", "real/out")] == [
+        "new q.onnx",
+        "new q.cache",
+        "new out",
+    ]
+    assert not (tmp_path / "real" / "out").is_symlink()
+    assert (tmp_path / "elsewhere").read_text() == "elsewhere"

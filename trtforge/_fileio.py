@@ -17,9 +17,14 @@ every model reader, :func:`check_output_path`, so every writer, the calibration 
 engine readers, by :func:`settle_commit`: one stat when there is no record) finds an interrupted commit
 by its record and settles it under the same locks: with the primary record there (same token) it renames
 the staged files still there (roll forward), without it it deletes them (roll back); then it removes the
-records. So a group reads as the old one or the new one, never a mix. A damaged record is a UserError
-naming it. What a kill before the commit point leaves (staged files no record names, each flocked while
-its writer lives) is hidden, never read as an output, and swept by the next commit onto that output.
+records. So a group reads as the old one or the new one, never a mix. A record is data on disk (one may
+come from an unpacked archive): a damaged one, or one naming what no commit of its destinations could
+(a staged file that is no trtforge staged name beside its destination, an absolute path, a roll forward
+onto a destination without that commit's record beside it, a staged file that is no regular file), is
+a UserError naming it, nothing renamed or deleted; a staged file a live process holds is never touched,
+and a roll-back a read-only directory forbids is left undone (the old group stands whole). What a kill
+before the commit point leaves (staged files no record names, each flocked while its writer lives) is
+hidden, never read as an output, and swept by the next commit onto that output.
 """
 
 from __future__ import annotations
@@ -591,25 +596,120 @@ def _write_record(record: Path, token: str, primary: Path, renames: list[tuple[P
 
 def _read_record(record: Path) -> tuple[str, Path, list[tuple[Path, Path]]] | None:
     """(token, primary record, [(staged, destination)]) of commit record `record`, None when it is gone;
-    a UserError naming it when it is not a record (nothing trtforge writes: it was damaged or edited)."""
+    a UserError naming it when it is not a record (nothing trtforge writes: it was damaged or edited), or
+    names what no commit of its destinations could (:func:`_check_record`). Paths come back absolute and
+    normalized against the record's real directory, as :func:`_write_record` made them relative."""
     try:
-        data = json.loads(record.read_bytes())
-        base = record.parent
-        files = [(base / tmp, base / dest) for tmp, dest in data["files"]]
-        if data["format"] != _COMMIT_FORMAT or not isinstance(data["token"], str):
+        data = json.loads(_record_bytes(record))
+        if data["format"] != _COMMIT_FORMAT or not isinstance(data["token"], str) or not data["token"]:
             raise ValueError(f"format {data['format']!r}")
-        return data["token"], base / data["commit"], files
+        base = os.path.realpath(record.parent if str(record.parent) else ".")
+
+        def at(rel: object) -> Path:
+            if not isinstance(rel, str) or not rel or "\0" in rel:
+                raise ValueError(f"{rel!r} is not a path")
+            if os.path.isabs(rel):  # (what _write_record writes never is)
+                raise _not_genuine(record, f"'{show_path(rel)}' is not a path relative to its directory")
+            return Path(os.path.normpath(os.path.join(base, rel)))
+
+        files = [(at(tmp), at(dest)) for tmp, dest in data["files"]]
+        primary = at(data["commit"])
     except FileNotFoundError:
         return None
     except OSError as e:
         raise os_error(e, record, "read") from e
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise UserError(
             f"'{show_path(record)}' is the record of an interrupted write of a group of files (a model and "
             f"its data file, an engine and its manifest), but it is damaged ({type(e).__name__}: {e}), so "
             "whether to finish or undo that write is unknown. Delete it, check the files beside it (or write "
             "them again), and retry."
         ) from e
+    _check_record(record, primary, files)
+    return data["token"], primary, files
+
+
+#: bytes a commit record may hold (one names each staged file of its group once: a few KiB)
+_RECORD_MAX = 1 << 20
+
+
+def _record_bytes(record: Path) -> bytes:
+    """The bytes of commit record `record`: a regular file of at most _RECORD_MAX bytes, else ValueError
+    (a pipe there made every reader wait forever, a link to /dev/zero read until memory ran out)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(record, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError("it is a symbolic link") from e
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("it is not a regular file")
+        data = f.read(_RECORD_MAX + 1)
+    if len(data) > _RECORD_MAX:
+        raise ValueError(f"it holds more than {_RECORD_MAX} bytes")
+    return data
+
+
+def _not_genuine(record: Path, why: str) -> UserError:
+    """The UserError for a record that no trtforge commit writes (from an unpacked archive, or edited)."""
+    return UserError(
+        f"'{show_path(record)}' has the name of the record of an interrupted trtforge write of a group of "
+        f"files, but {why}; no trtforge commit writes that (the record came from elsewhere, such as an "
+        "unpacked archive, or was edited), so nothing it names was renamed or deleted. Delete it, check the "
+        "files beside it (or write them again), and retry."
+    )
+
+
+def _check_record(record: Path, primary: Path, files: list[tuple[Path, Path]]) -> None:
+    """UserError unless the record names what a commit of its destinations could: each staged file a
+    trtforge staged name beside its destination (atomic_open's temp file; a staged name from
+    :func:`temp_name` of a destination in that directory) or that destination's name in a staging
+    directory beside it (save_onnx_atomic's); the record itself the record of one of its destinations, and
+    its primary that of the first. Settling it then renames or deletes nothing else."""
+    if not files:
+        raise _not_genuine(record, "it names no file")
+    ours = _real(record)
+    if not any(ours == str(temp_name(dest, _COMMIT)) for _, dest in files):
+        raise _not_genuine(record, "none of the destinations it names is the file it stands beside")
+    if primary != temp_name(files[0][1], _COMMIT):
+        raise _not_genuine(record, f"its commit point '{show_path(primary)}' is not its first destination's")
+    hashes: dict[Path, set[str]] = {}
+    for _, dest in files:
+        hashes.setdefault(dest.parent, set()).add(temp_name(dest, "").name)
+    for tmp, dest in files:
+        if not _is_staged_name(tmp, dest, hashes[dest.parent]):
+            raise _not_genuine(
+                record,
+                f"it names '{show_path(tmp)}' as the staged file of '{show_path(dest)}', which is no "
+                "staged name of it",
+            )
+
+
+_STAGED_TEMP = r"[a-z0-9_]{8}\.tmp"  # (tempfile's random names: atomic_open's temp file)
+_STAGED_TAG = r"[0-9a-f]{8}\.[a-z]+(\.[a-z]+)*"  # (a publisher's token and kind: publish_engine's)
+_STAGING_DIR = r"[a-z0-9_]{8}" + re.escape(_STAGING)  # (scratch_directory_beside's)
+
+
+def _is_staged_name(tmp: Path, dest: Path, prefixes: set[str]) -> bool:
+    """Whether `tmp` is a name trtforge stages `dest` under: `prefixes` are the :func:`temp_name` prefixes
+    (`.trtforge-h.`) of the group's destinations in `dest`'s directory (a publisher's staged manifest, a
+    staging directory holding a model's data file, are named after the group's engine or model)."""
+    if not dest.name or dest.name in (".", ".."):
+        return False
+    any_prefix = "|".join(re.escape(p) for p in sorted(prefixes))
+    if tmp.parent == dest.parent:
+        return bool(
+            re.fullmatch(re.escape(f".{dest.name[:40]}.") + _STAGED_TEMP, tmp.name)
+            or re.fullmatch(f"(?:{any_prefix}){_STAGED_TAG}", tmp.name)
+        )
+    return (
+        tmp.name == dest.name
+        and tmp.parent.parent == dest.parent
+        and bool(re.fullmatch(f"(?:{any_prefix}){_STAGING_DIR}", tmp.parent.name))
+    )
 
 
 def _unlink_record(record: Path, token: str) -> None:
@@ -643,7 +743,8 @@ def settle_commit(*paths: str | os.PathLike[str]) -> None:
                 again = _read_record(record)
                 if again is not None and again[0] == token:  # (else another settled it meanwhile: look again)
                     try:
-                        _settle_commit(token, primary, files)
+                        if not _settle_commit(record, token, primary, files):
+                            break  # (left as it was: a read-only directory)
                     except OSError as e:
                         raise UserError(
                             f"an interrupted write of a group of files left '{show_path(record)}', which "
@@ -652,24 +753,90 @@ def settle_commit(*paths: str | os.PathLike[str]) -> None:
                         ) from e
 
 
-def _settle_commit(token: str, primary: Path, files: list[tuple[Path, Path]]) -> None:
-    """Roll the group of commit `token` forward (its primary record is there) or back (it is not), then
-    remove its records."""
+def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Path, Path]]) -> bool:
+    """Roll the group of commit `token` (read from `record`) forward (its primary record is there) or back
+    (it is not), then remove its records. Only staged files that are regular files no live process holds
+    (by flock) are renamed or deleted: renamed only onto a destination beside which a record of this
+    commit stands too, deleted in another directory than `record`'s only there: a record from elsewhere
+    (an unpacked archive) reaches no further than its own directory, nor onto another output there. (What
+    a roll-back leaves in another directory, whose own record the kill came before, the next commit onto
+    that output sweeps.) Everything is checked before anything is renamed. A roll-back that the
+    directory's permissions (or a read-only filesystem) forbid is left undone (False): the old group it
+    keeps is whole, so a reader reads it."""
     committed = os.path.lexists(primary) and (_read_record(primary) or ("",))[0] == token
+    here = Path(_real(record)).parent
+    vouched = set()  # (destinations beside which a record of this commit stands)
+    for dest in dict.fromkeys(d for _, d in files):
+        rec = temp_name(dest, _COMMIT)
+        if str(rec) == _real(record) or (os.path.lexists(rec) and (_read_record(rec) or ("",))[0] == token):
+            vouched.add(dest)
+    reach = {d for _, d in files if d in vouched or d.parent == here}
+    try:
+        with contextlib.ExitStack() as held:
+            act = _settleable(record, committed, vouched, here, files, held)
+            for tmp, dest in act:
+                if committed:
+                    os.replace(tmp, dest)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
+        for tmp, dest in files:
+            if tmp.parent != dest.parent and dest in reach:
+                with contextlib.suppress(OSError):  # (save_onnx_atomic's staging directory, empty now)
+                    tmp.parent.rmdir()
+        for parent in {dest.parent for dest in reach}:
+            fsync_dir(parent)
+        records = list(dict.fromkeys(temp_name(dest, _COMMIT) for _, dest in files if dest in reach))
+        for rec in [r for r in records if r != primary] + [primary]:
+            _unlink_record(rec, token)
+    except OSError as e:
+        if committed or e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        # (rolled back: no destination was touched, so the old group stands whole; in a directory this
+        # process may not write, the record and staged files stay, hidden, for a writer to clear)
+        return False
+    return True
+
+
+def _settleable(
+    record: Path,
+    committed: bool,
+    vouched: set[Path],
+    here: Path,
+    files: list[tuple[Path, Path]],
+    held: contextlib.ExitStack,
+) -> list[tuple[Path, Path]]:
+    """The (staged, destination) pairs of `files` that settling `record` (in directory `here`) may rename
+    (`committed`: only onto a destination with a record of the commit beside it, `vouched`, as every
+    destination has until its staged file is renamed) or delete (also in `here`), each staged file's flock
+    taken and kept by `held`; a UserError for what no genuine commit leaves."""
+    act: list[tuple[Path, Path]] = []
     for tmp, dest in files:
-        if committed and os.path.lexists(tmp):
-            os.replace(tmp, dest)
-        elif not committed:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-        if tmp.parent != dest.parent and tmp.parent.parent == dest.parent:
-            with contextlib.suppress(OSError):  # (save_onnx_atomic's staging directory, empty now)
-                tmp.parent.rmdir()
-    for parent in {dest.parent for _, dest in files}:
-        fsync_dir(parent)
-    records = list(dict.fromkeys(temp_name(dest, _COMMIT) for _, dest in files))
-    for record in [r for r in records if r != primary] + [primary]:
-        _unlink_record(record, token)
+        try:
+            st = os.lstat(tmp)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_genuine(record, f"'{show_path(tmp)}', which it names as staged, is no file")
+        if dest not in vouched:
+            if committed:
+                raise _not_genuine(record, f"'{show_path(dest)}' has no record of that commit beside it")
+            if dest.parent != here:
+                continue
+        fd = try_lock(tmp, follow=False)
+        if fd is None:
+            if committed:
+                raise UserError(
+                    f"'{show_path(record)}' records an interrupted write of a group of files whose "
+                    f"staged file '{show_path(tmp)}' a running process holds; retry when it has finished."
+                )
+            continue  # (a live writer's own staged file: not ours to delete)
+        if fd >= 0:
+            held.callback(os.close, fd)
+        if committed and os.path.isdir(dest) and not os.path.islink(dest):
+            raise _not_genuine(record, f"its destination '{show_path(dest)}' is a directory")
+        act.append((tmp, dest))
+    return act
 
 
 def _closer(fd: int | None) -> Callable[[], None]:
@@ -802,13 +969,15 @@ def _sweep_staged(dest: Path) -> None:
         _remove(entry)
 
 
-def try_lock(path: Path) -> int | None:
+def try_lock(path: Path, *, follow: bool = True) -> int | None:
     """A descriptor of `path` (a file or a directory) holding a non-blocking exclusive flock, for as long
     as it stays open; None when a live process (or another descriptor) holds the lock; -1 when `path` is
     gone. Where flock is missing, the descriptor holds nothing. Staged outputs are held so while being
-    written: a recovery that cannot take the lock leaves them to their live writer."""
+    written: a recovery that cannot take the lock leaves them to their live writer. Never waits (a pipe's
+    open would, for a writer); `follow=False` refuses a symbolic link (OSError)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         return -1
     if fcntl is not None:

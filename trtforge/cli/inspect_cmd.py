@@ -198,12 +198,13 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     """Summarize FILE: an ONNX model (I/O, opset, op histogram) or an engine (its manifest)."""
     from rich.console import Console
 
-    from trtforge._fileio import json_text
+    from trtforge._fileio import json_text, settle_commit
     from trtforge.cli._render import generation_line, manifest_tables, onnx_tables, print_all
     from trtforge.core.manifest import manifest_path_for, read_engine
     from trtforge.errors import UserError
 
     path = Path(file)
+    settle_commit(path, manifest_path_for(path))  # (a commit onto it a kill stopped decides what is there)
     # (an engine whose manifest is here is read on: its error says the engine is what is missing)
     if not path.exists() and (path.suffix.lower() == ".onnx" or not manifest_path_for(path).is_file()):
         raise UserError(f"'{path}' does not exist.")

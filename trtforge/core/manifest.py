@@ -10,12 +10,14 @@ each flocked by the publisher until it is done, then commits them onto `N` and `
 :func:`~trtforge._fileio.commit_staged` (the group commit of `trtforge._fileio`, whose module doc tells the
 commit record, the commit point and the recovery), together with the files the caller staged in an
 :func:`~trtforge._fileio.atomic_outputs` block (compile's --save-onnx model and its data file).
-:func:`resolve_pending` (run by :func:`read_manifest`, so by `rt.load`, `trtforge inspect` and a re-run of
-compile) settles whatever a dead publisher left: an interrupted commit is finished or undone
-(:func:`~trtforge._fileio.settle_commit`), and staged files of a publisher killed before its commit point
-are deleted unless their flock says the publisher lives. A commit record `D/.trtforge-h.t.json` (the new
-manifest) that a publisher of trtforge before the group commit left is still settled as it was: rolled
-forward when its engine (staged, or already at `N`) matches its sha256, else deleted.
+Readers (:func:`read_manifest`, :func:`read_engine`, so `rt.load` and `trtforge inspect`) finish or undo an
+interrupted commit onto the pair (:func:`~trtforge._fileio.settle_commit`: one stat a file when there is
+none). :func:`resolve_pending` (run by a compile before it publishes, and by a reader only when the
+manifest is missing or does not match the engine: it lists `D`) also deletes the staged files of a
+publisher killed before its commit point, unless their flock says the publisher lives, and settles a
+commit record `D/.trtforge-h.t.json` (the new manifest) that a publisher of trtforge before the group
+commit left as it was: rolled forward when its engine (staged, or already at `N`) matches its sha256, else
+deleted. (Until then such a record, committed but with no file renamed yet, reads as the old pair.)
 SIGINT and SIGTERM are held back for the few milliseconds of the renames. Two compiles publishing to one
 engine take turns from the commit point on (an exclusive :func:`~trtforge._fileio.directory_lock` on `D`),
 and readers (:func:`read_engine`: rt.load, inspect, report, export-triton) hold it shared, so nobody sees
@@ -238,7 +240,7 @@ def write_manifest(manifest: Manifest, engine_path: str | os.PathLike[str]) -> P
 def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
     """Load the manifest that belongs to `engine_path` (UserError if absent or malformed).
 
-    First settles what an interrupted compile left beside the engine (:func:`resolve_pending`).
+    First settles what an interrupted compile left beside the engine (the module doc).
     """
     engine_path = as_path(engine_path, "the engine")  # (bytes too, as os paths may be)
     if not engine_path.name:
@@ -248,7 +250,7 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
             f"engine '{show_path(engine_path)}' is a directory; expected an engine file (MODEL.engine, with "
             "MODEL.engine.json beside it)."
         )
-    resolve_pending(engine_path)
+    _settle_for_reading(engine_path)
     path = manifest_path_for(engine_path)
     if engine_path.name.endswith(".engine" + MANIFEST_SUFFIX) and not path.exists() and engine_path.is_file():
         engine = engine_path.with_suffix("")  # the manifest was given: it read "no manifest 'X.json.json'"
@@ -321,10 +323,29 @@ def read_engine(
     engine's directory: a compile publishing over the pair meanwhile is seen wholly before or after its
     renames, never as its new engine beside the old manifest (a false "does not match" error)."""
     p = as_path(engine_path, "the engine")
-    resolve_pending(p)  # (what a dead compile left is settled, renaming, before the shared lock)
+    _settle_for_reading(p)  # (what a dead compile left is settled, renaming, before the shared lock)
+    try:
+        with directory_lock([p.parent], shared=True):
+            found = read_manifest(p) if manifest is None else manifest
+            return found, verify_engine_file(p, found)
+    except UserError:
+        if not resolve_pending(p):  # (an engine beside its old manifest: a compile of before the group commit
+            raise  # killed between its two renames, whose record names the new manifest)
     with directory_lock([p.parent], shared=True):
-        manifest = read_manifest(p) if manifest is None else manifest
-        return manifest, verify_engine_file(p, manifest)
+        found = read_manifest(p)
+        return found, verify_engine_file(p, found)
+
+
+def _settle_for_reading(out: Path) -> None:
+    """What a reader of engine `out` settles: an interrupted group commit onto the pair (one stat each
+    when there is none), and, only when the manifest is missing, whatever else a dead publisher left
+    (:func:`resolve_pending`, which lists the directory: a reader of an engine among thousands of files
+    must not pay for that each time; a compile does, before it publishes)."""
+    if not out.name:
+        return
+    settle_commit(out, manifest_path_for(out))
+    if not manifest_path_for(out).is_file():
+        resolve_pending(out)
 
 
 # ------------------------------------------------------------------------- crash-safe publishing
@@ -396,20 +417,22 @@ def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: P
         raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
 
 
-def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
+def resolve_pending(engine_path: str | os.PathLike[str]) -> bool:
     """Settle the staged files of dead publishers of `engine_path`: finish a committed publish whose
-    engine matches its record, delete everything else (see the module doc). Live publishers are left be."""
+    engine matches its record, delete everything else (see the module doc). Live publishers are left be.
+    True when it settled a dead publisher's staged files (it lists the directory to find them)."""
     out = Path(engine_path)
     if not out.name:  # '', '.', '/': no file is published there (it was temp_name's ValueError)
-        return
+        return False
     settle_commit(out, manifest_path_for(out))
     parent = out.parent if str(out.parent) else Path(".")
     prefix = temp_name(out, "").name
     try:
         names = [n for n in os.listdir(parent) if n.startswith(prefix)]
     except OSError:
-        return
+        return False
     tokens = {n[len(prefix) :].split(".", 1)[0] for n in names}
+    settled = False
     for token in sorted(tokens):
         files = {kind: temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART)}
         fds = [try_lock(p) for p in files.values()]
@@ -418,6 +441,7 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
                 continue  # a live compile is publishing
             with directory_lock([parent]):  # (not between a live compile's two renames)
                 _settle(out, files[_ENGINE], files[_RECORD], files[_PART])
+                settled = True
         except OSError as e:
             raise UserError(
                 f"an interrupted compile left staged files beside '{show_path(out)}' that could not be "
@@ -430,6 +454,7 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
                     os.close(fd)
     if tokens:
         fsync_dir(parent)
+    return settled
 
 
 def _settle(out: Path, staged: Path, record: Path, part: Path) -> None:

@@ -1,7 +1,7 @@
 """`load()` an engine file with its manifest checked, and the :class:`Engine` that opens sessions.
 
 Loading order (each step fails with a UserError that names the file and the fix, before any TensorRT
-work): what an interrupted compile left beside the engine is settled (manifest.resolve_pending) ->
+work): what an interrupted compile left beside the engine is settled (manifest.read_engine) ->
 manifest present and well-formed (types, min <= opt <= max in every profile) -> engine bytes match the
 manifest's size and sha256 -> profile layout consistent -> the recorded backend is importable here and
 version-compatible -> it can run on this GPU -> required plugins registered -> deserialize through
