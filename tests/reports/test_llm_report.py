@@ -496,3 +496,38 @@ def test_a_failed_speed_run_keeps_the_variants_quality(tiny_dir, tmp_path, monke
     assert q.status == "ok" and q.perplexity > 1 and q.tokens == 15
     assert p.status == "failed" and p.batch == 0 and "out of memory" in p.reason
     assert not list(_validator().iter_errors(json.loads(result.json_path.read_text())))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<|endoftext|>" * 200, "tokenizes to special tokens only ('<|endoftext|>')"),
+        # the text's second half, where the windows are, is special tokens only
+        (TEXT.read_text()[:2000] + "<|endoftext|>" * 400, "evaluation window 1 (tokens "),
+    ],
+    ids=["only-special", "windows-special"],
+)
+def test_a_text_of_special_tokens_only_exits_2(text, message, tiny_dir, tmp_path, capsys):
+    """'<|endoftext|>' over and over: every window was the EOS id, and the report said "ok" with a
+    perplexity (and a kv-fp8 delta of -24%) measured on no text, exit 0."""
+    path = tmp_path / "special.txt"
+    path.write_text(text)
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(path)]
+    argv += ["--variants", "fp32", "--windows", "2", "--window-len", "16", "--batch", "1"]
+    assert cli_main([*argv, "--prompt-len", "4"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_a_prompt_past_the_models_positions_is_named_before_memory(tiny_dir, tmp_path, capsys):
+    """--prompt-len 10**12 on a 256-position model: the KV-memory check ran first and said "--batch 1:
+    ... more than this machine's RAM; lower --batch", an option that was not the problem."""
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    argv += ["--variants", "fp32", "--windows", "1", "--window-len", "16", "--batch", "1"]
+    assert cli_main([*argv, "--prompt-len", str(10**12)]) == 2
+    err = capsys.readouterr().err
+    assert "exceed the model's 256 positions" in err and "lower --batch" not in err, err
+    assert not out.exists()
