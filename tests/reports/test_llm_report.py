@@ -531,3 +531,20 @@ def test_a_prompt_past_the_models_positions_is_named_before_memory(tiny_dir, tmp
     err = capsys.readouterr().err
     assert "exceed the model's 256 positions" in err and "lower --batch" not in err, err
     assert not out.exists()
+
+
+def test_a_tokenizer_other_than_the_models_own_exits_2(tiny_dir, tmp_path, capsys):
+    """--tokenizer of another vocabulary whose ids all lie inside the model's: the report ran and said
+    "ok" with the perplexity of text the model read as other tokens (the 21M code model with this
+    tiny tokenizer: 6848, its own: 25.6), exit 0."""
+    other = tmp_path / "other-tokenizer"
+    _tokenizer(300, Path(json.__file__).read_text()).save_pretrained(other)  # (trained on another text)
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    assert cli_main([*argv, "--variants", "fp32", "--tokenizer", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer '{other}' is not the tokenizer of the model '{tiny_dir}'" in err, err
+    assert not out.exists()
+    from trtforge.llm.report import _check_tokenizer_is_the_models
+
+    _check_tokenizer_is_the_models(tiny_dir, tiny_dir)  # its own (or a copy of it) is fine
