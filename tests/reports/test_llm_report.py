@@ -548,3 +548,25 @@ def test_a_tokenizer_other_than_the_models_own_exits_2(tiny_dir, tmp_path, capsy
     from trtforge.llm.report import _check_tokenizer_is_the_models
 
     _check_tokenizer_is_the_models(tiny_dir, tiny_dir)  # its own (or a copy of it) is fine
+
+
+def test_a_reference_that_was_not_measured_fails_the_check(tiny_dir, tmp_path, capsys, monkeypatch):
+    """from_pretrained refusing the reference (a KV pool this machine cannot hold, say): its row said
+    "not_run", nothing was compared with it, and the report exited 0, though --check (a CI gate) fails
+    a report that compared nothing."""
+    import trtforge.llm.service as service
+    from trtforge.errors import UserError
+
+    def refuse(*args, **kwargs):
+        raise UserError("the KV pool does not fit")
+
+    monkeypatch.setattr(service, "from_pretrained", refuse)
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    argv += ["--variants", "fp32,int4-rtn", "--windows", "1", "--window-len", "16", "--batch", "1"]
+    assert cli_main(argv) == 3
+    err = capsys.readouterr().err
+    assert "the reference 'fp32' was not measured (refused: the KV pool does not fit)" in err, err
+    doc = json.loads((out / "report.json").read_text())
+    assert [t["status"] for t in doc["targets"]] == ["not_run", "not_run"]
+    assert cli_main([*argv, "--no-check"]) == 0
