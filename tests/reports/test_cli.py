@@ -256,7 +256,9 @@ def test_a_directory_with_other_files_keeps_them(tmp_path, models, capsys):
     a, _ = models
     out, _ = _earlier_report(tmp_path, a, capsys)
     (out / "model.engine").write_bytes(b"keep me")
-    (out / ".report.md.k1ll3d.tmp").write_text("an earlier run's leftover")
+    leftover = out / ".report.md.k1ll3d_x.tmp"  # (a killed run's: mkstemp's name, unlocked, not new)
+    leftover.write_text("an earlier run's leftover")
+    os.utime(leftover, (leftover.stat().st_mtime - 60,) * 2)
     argv = ["report", str(a), "-o", str(out), "--targets", "ort,ort-fp16", *FAST]
     rc, text = _run(argv, capsys)
     assert rc == 0, text

@@ -496,3 +496,77 @@ def test_a_failed_speed_run_keeps_the_variants_quality(tiny_dir, tmp_path, monke
     assert q.status == "ok" and q.perplexity > 1 and q.tokens == 15
     assert p.status == "failed" and p.batch == 0 and "out of memory" in p.reason
     assert not list(_validator().iter_errors(json.loads(result.json_path.read_text())))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<|endoftext|>" * 200, "tokenizes to special tokens only ('<|endoftext|>')"),
+        # the text's second half, where the windows are, is special tokens only
+        (TEXT.read_text()[:2000] + "<|endoftext|>" * 400, "evaluation window 1 (tokens "),
+    ],
+    ids=["only-special", "windows-special"],
+)
+def test_a_text_of_special_tokens_only_exits_2(text, message, tiny_dir, tmp_path, capsys):
+    """'<|endoftext|>' over and over: every window was the EOS id, and the report said "ok" with a
+    perplexity (and a kv-fp8 delta of -24%) measured on no text, exit 0."""
+    path = tmp_path / "special.txt"
+    path.write_text(text)
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(path)]
+    argv += ["--variants", "fp32", "--windows", "2", "--window-len", "16", "--batch", "1"]
+    assert cli_main([*argv, "--prompt-len", "4"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_a_prompt_past_the_models_positions_is_named_before_memory(tiny_dir, tmp_path, capsys):
+    """--prompt-len 10**12 on a 256-position model: the KV-memory check ran first and said "--batch 1:
+    ... more than this machine's RAM; lower --batch", an option that was not the problem."""
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    argv += ["--variants", "fp32", "--windows", "1", "--window-len", "16", "--batch", "1"]
+    assert cli_main([*argv, "--prompt-len", str(10**12)]) == 2
+    err = capsys.readouterr().err
+    assert "exceed the model's 256 positions" in err and "lower --batch" not in err, err
+    assert not out.exists()
+
+
+def test_a_tokenizer_other_than_the_models_own_exits_2(tiny_dir, tmp_path, capsys):
+    """--tokenizer of another vocabulary whose ids all lie inside the model's: the report ran and said
+    "ok" with the perplexity of text the model read as other tokens (the 21M code model with this
+    tiny tokenizer: 6848, its own: 25.6), exit 0."""
+    other = tmp_path / "other-tokenizer"
+    _tokenizer(300, Path(json.__file__).read_text()).save_pretrained(other)  # (trained on another text)
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    assert cli_main([*argv, "--variants", "fp32", "--tokenizer", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer '{other}' is not the tokenizer of the model '{tiny_dir}'" in err, err
+    assert not out.exists()
+    from trtforge.llm.report import _check_tokenizer_is_the_models
+
+    _check_tokenizer_is_the_models(tiny_dir, tiny_dir)  # its own (or a copy of it) is fine
+
+
+def test_a_reference_that_was_not_measured_fails_the_check(tiny_dir, tmp_path, capsys, monkeypatch):
+    """from_pretrained refusing the reference (a KV pool this machine cannot hold, say): its row said
+    "not_run", nothing was compared with it, and the report exited 0, though --check (a CI gate) fails
+    a report that compared nothing."""
+    import trtforge.llm.service as service
+    from trtforge.errors import UserError
+
+    def refuse(*args, **kwargs):
+        raise UserError("the KV pool does not fit")
+
+    monkeypatch.setattr(service, "from_pretrained", refuse)
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    argv += ["--variants", "fp32,int4-rtn", "--windows", "1", "--window-len", "16", "--batch", "1"]
+    assert cli_main(argv) == 3
+    err = capsys.readouterr().err
+    assert "the reference 'fp32' was not measured (refused: the KV pool does not fit)" in err, err
+    doc = json.loads((out / "report.json").read_text())
+    assert [t["status"] for t in doc["targets"]] == ["not_run", "not_run"]
+    assert cli_main([*argv, "--no-check"]) == 0

@@ -164,3 +164,37 @@ def test_plots_take_names_with_dollar_signs_literally():
 
     shown = Text(text=_text(output))
     assert shown._preprocess_math(shown.get_text()) == (output, False)  # drawn as written, not as math
+
+
+def test_a_concurrent_writers_temp_file_is_left_to_it(tmp_path):
+    """Two reports into one directory holding other files: the first to finish deleted every
+    '.report.*.tmp' there, the other's live temp files too, and that run died with FileNotFoundError
+    (a traceback, exit 1). Now only a killed writer's leftovers go (unlocked and older than a few
+    seconds: what atomic_open sweeps), and a live one's stays."""
+    import fcntl
+    import os
+
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.reports.render import write_report
+    from trtforge.reports.results import Report
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.engine").write_bytes(b"keep me")  # (not only a report: written in place)
+    live, dead = out / ".report.md.live0001.tmp", out / ".report.md.dead0001.tmp"
+    live.write_text("another run writing its report.md")
+    dead.write_text("a killed run's half-written report.md")
+    old = live.stat().st_mtime - 2 * DEAD_TEMP_AGE_S
+    os.utime(dead, (old, old))
+    os.utime(live, (old, old))  # (a slow writer's: its lock, not its age, tells it is alive)
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        write_report(Report("r", "now", {"kind": "onnx", "label": "m"}, None, {}, {}, [], [], []), out)
+        assert live.read_text() == "another run writing its report.md"
+    finally:
+        os.close(fd)
+    assert not dead.exists()
+    assert sorted(p.name for p in out.iterdir()) == [
+        live.name, "model.engine", "report.html", "report.json", "report.md"
+    ]  # fmt: skip

@@ -332,6 +332,11 @@ def _failures(report: Report) -> list[str]:
         )
         first = (crashed[0].reason or "")[:200]
         problems.append(f"latency point(s) failed: {points} (first: {first})")
+    ref = next((t for t in report.targets if t.name == report.reference), None)
+    if report.is_lm and ref is not None and ref.status == NOT_RUN:  # (one that failed is named above)
+        problems.append(
+            f"the reference '{ref.name}' was not measured ({ref.reason}), so nothing was compared with it"
+        )
     if not report.is_lm and not any(r.status == OK for r in report.accuracy):
         problems.append(f"nothing was compared with the reference '{report.reference}'" + _why_none(report))
     return problems

@@ -242,11 +242,65 @@ def _device(device: str | None) -> str:
     return device
 
 
-def _tokenize(text: str, tokenizer_dir: Any) -> list[int]:
+def _tokenize(text: str, tokenizer_dir: Any) -> tuple[list[int], dict[int, str]]:
+    """The text's token ids (no BOS added) and the tokenizer's special tokens (id -> token)."""
     from trtforge.llm.text import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
-    return list(tok(text, add_special_tokens=False)["input_ids"])
+    special = dict(zip(tok.all_special_ids, tok.all_special_tokens, strict=False))
+    return list(tok(text, add_special_tokens=False)["input_ids"]), special
+
+
+def _check_windows_hold_text(w: Windows, ids: Sequence[int], special: dict[int, str], what: str) -> None:
+    """UserError when an evaluation window is special tokens only (a text of '<|endoftext|>' over and
+    over): its perplexity measures how the model predicts its control tokens, not text; the report said
+    "ok" with a perplexity and deltas of nothing."""
+
+    def named(present: set[int]) -> str:
+        return ", ".join(repr(special[i]) for i in sorted(present & special.keys()))
+
+    present = set(np.unique(np.asarray(ids, dtype=np.int64)).tolist())
+    if not present - special.keys():
+        raise UserError(
+            f"{what} tokenizes to special tokens only ({named(present)}): there is no text to measure "
+            "perplexity on; expected a UTF-8 text file of the kind the model reads."
+        )
+    for i, row in enumerate(w.tokens):
+        present = set(row.tolist())
+        if not present - special.keys():
+            raise UserError(
+                f"{what}: evaluation window {i} (tokens {w.starts[i]}..{w.starts[i] + len(row) - 1} of "
+                f"{w.text_tokens}) is special tokens only ({named(present)}): its perplexity would measure "
+                "no text; give a text with fewer of them, or another --windows / --window-len."
+            )
+
+
+def _check_tokenizer_is_the_models(model: Any, tokenizer: Any) -> None:
+    """UserError when --tokenizer maps ids to other tokens than the model directory's own tokenizer (the
+    id -> token maps compared as for a speculative draft: :mod:`trtforge.llm.spec.tokenizers`). Its ids
+    all lay inside the model's vocabulary, so the report ran and said "ok" with a perplexity of text the
+    model read as other tokens (the 21M code model: 6848 instead of 25.6). Nothing to compare for a model
+    without tokenizer files (module:factory, an nn.Module), which is what --tokenizer is for."""
+    from trtforge.llm.spec.tokenizers import MAX_REGULAR_MISMATCH, compare_vocabularies
+    from trtforge.llm.text import has_tokenizer, load_tokenizer
+
+    if tokenizer is None or not isinstance(model, (str, os.PathLike)) or not has_tokenizer(model):
+        return
+    own = load_tokenizer(model)
+    regular, _ = compare_vocabularies(own, load_tokenizer(tokenizer))
+    size = max(1, len(own.get_vocab()) - len(getattr(own, "added_tokens_decoder", {}) or {}))
+    if len(regular) > MAX_REGULAR_MISMATCH * size:
+
+        def token(t: str | None) -> str:
+            return "unused" if t is None else repr(t)
+
+        examples = "; ".join(f"id {i}: {token(a)} vs {token(b)}" for i, a, b in regular[:3])
+        raise UserError(
+            f"--tokenizer '{tokenizer}' is not the tokenizer of the model '{model}': "
+            f"{len(regular)} of the {size} regular token ids of the model's own mean other tokens in it "
+            f"({examples}), so the perplexity would be measured on text the model reads as other tokens. "
+            "Drop --tokenizer (the model directory's own is used) or name one with the model's vocabulary."
+        )
 
 
 def _check_text_vocabulary(ids: Sequence[int], lm: Any, tokenizer: Any) -> None:
@@ -689,6 +743,7 @@ def build_llm_report(
     device = _device(device)
     reference = "bf16" if device.startswith("cuda") else "fp32"
     names = parse_variants(variants, reference)
+    _check_tokenizer_is_the_models(model, tokenizer)
     with transformers_bars(progress):  # (the one read of the weights: the variants copy the model)
         lm = load_causal_lm(model)
     tok_dir = (
@@ -696,6 +751,16 @@ def build_llm_report(
     )
     if tok_dir is None:
         raise UserError("--text needs a tokenizer: the model directory's own, or --tokenizer DIR.")
+    # the rule compile --generate's --max-seq and the executors' max_model_len follow (a static rotary
+    # scaling extends the positions; before, max_position_embeddings alone was the limit here); checked
+    # before the memory checks, which blamed --batch (or RAM) for a --prompt-len past the positions
+    limit = adapter_for(lm, "report --generate").sequence_limit
+    if limit is not None and max(window_len, prompt_len + new_tokens) > limit[0]:
+        raise UserError(
+            f"--window-len {window_len} / --prompt-len + --new-tokens {prompt_len + new_tokens} exceed the "
+            f"model's {limit[0]} positions ({limit[1]}); pass a --window-len and a --prompt-len + "
+            f"--new-tokens of at most {limit[0]}."
+        )
     _check_logits_fit(windows, window_len, logits_width(lm))
     _check_batch_fits(max(int(b) for b in batch_sizes), prompt_len, new_tokens, lm, device)
     from trtforge.llm.sched.request import MAX_NUM_SEQS
@@ -705,22 +770,14 @@ def build_llm_report(
             f"--batch {max(int(b) for b in batch_sizes)}: the serving engine runs at most {MAX_NUM_SEQS} "
             "requests at once."
         )
-    ids = _tokenize(content, tok_dir)
+    ids, special = _tokenize(content, tok_dir)
     _check_text_vocabulary(ids, lm, tokenizer)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
+    _check_windows_hold_text(w, ids, special, f"--text '{text_path}'")
     if len(ids) < prompt_len:  # (the speed prompts were cut short and the report still said --prompt-len)
         raise UserError(
             f"--prompt-len {prompt_len}: --text '{text_path}' has only {len(ids)} tokens to cut the speed "
             "prompts from; give a shorter --prompt-len or a longer text."
-        )
-    # the rule compile --generate's --max-seq and the executors' max_model_len follow (a static rotary
-    # scaling extends the positions; before, max_position_embeddings alone was the limit here)
-    limit = adapter_for(lm, "report --generate").sequence_limit
-    if limit is not None and max(window_len, prompt_len + new_tokens) > limit[0]:
-        raise UserError(
-            f"--window-len {window_len} / --prompt-len + --new-tokens {prompt_len + new_tokens} exceed the "
-            f"model's {limit[0]} positions ({limit[1]}); pass a --window-len and a --prompt-len + "
-            f"--new-tokens of at most {limit[0]}."
         )
     prompt_starts = np.linspace(0, max(0, len(ids) // 2 - prompt_len), num=max(batch_sizes), dtype=np.int64)
     speed_prompts = [ids[s : s + prompt_len] for s in prompt_starts]

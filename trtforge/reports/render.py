@@ -133,7 +133,8 @@ def write_report(report: Report, out_dir: Path) -> tuple[Path, Path, Path]:
     written into a directory staged beside it, which then takes its place (an interrupted or failed
     run leaves the old report as it was; nothing of it survives a new one). A directory holding other
     files too (not a report's: `-o .`, a build directory) keeps them: the three files are replaced
-    together there, and an earlier run's leftover temp files are removed.
+    together there, and a killed run's leftover temp files are removed (never those of a report being
+    written there at the same time).
     """
     where = Path(os.path.abspath(out_dir))  # ('.' has no name to stage a sibling by)
     recover_staged_directory(where)  # an earlier run killed mid-swap: its old report goes back first
@@ -147,12 +148,11 @@ def write_report(report: Report, out_dir: Path) -> tuple[Path, Path, Path]:
             for name, text in texts.items():
                 write_synced(staged / name, text.encode("utf-8", "surrogateescape"))
     else:
-        with atomic_outputs():  # all three or none, even when interrupted
+        # all three or none, even when interrupted; each write first sweeps what a killed writer of that
+        # file left (atomic_open: only temp files no live writer holds; a concurrent report's are its own)
+        with atomic_outputs():
             for name, text in texts.items():
                 atomic_write_text(out_dir / name, text)
-        for name in os.listdir(out_dir):
-            if _LEFTOVER.fullmatch(name):
-                (out_dir / name).unlink(missing_ok=True)
     return out_dir / "report.html", out_dir / "report.md", out_dir / "report.json"
 
 
