@@ -746,3 +746,56 @@ def test_a_commit_through_symlinks_and_odd_spellings_is_settled_from_any_spellin
     ]
     assert not (tmp_path / "real" / "out").is_symlink()
     assert (tmp_path / "elsewhere").read_text() == "elsewhere"
+
+
+def _finishes(fn, timeout: float = 20.0) -> bool:
+    """Whether `fn()` returns within `timeout` seconds (run on a daemon thread: one that hangs is left)."""
+    import threading
+
+    done = threading.Event()
+
+    def run() -> None:
+        fn()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done.wait(timeout)
+
+
+def test_a_group_lock_on_a_directory_this_process_holds_as_its_own_does_not_wait_on_itself(tmp_path) -> None:
+    """Before: `report --generate` hung for ever. Its work directory is flocked (exclusive) for as long as
+    its process lives; reading the ONNX model it exported there took a shared directory_lock on the same
+    directory through a second descriptor, and flock locks belong to an open file, not a process: the
+    second waited on the first. The same held for a report's staging directory and save_onnx_atomic's.
+    Now a directory_lock skips the directories the process holds as its own, from any thread."""
+    from trtforge._fileio import (
+        atomic_outputs,
+        atomic_write_text,
+        directory_lock,
+        scratch_directory_beside,
+        staged_directory,
+        work_directory,
+    )
+
+    def in_work_directory() -> None:
+        with work_directory("trtforge-test-") as d:
+            with directory_lock([d], shared=True):
+                pass
+            with atomic_outputs():
+                atomic_write_text(d / "m.txt", "model")
+
+    def in_staged_directory() -> None:
+        with staged_directory(tmp_path / "report") as d, atomic_outputs():
+            atomic_write_text(d / "report.json", "{}")
+
+    def in_scratch_directory() -> None:
+        d, release = scratch_directory_beside(tmp_path / "m.onnx")
+        try:
+            with directory_lock([d], shared=True):
+                pass
+        finally:
+            release()
+
+    for fn in (in_work_directory, in_staged_directory, in_scratch_directory):
+        assert _finishes(fn), fn.__name__
+    assert (tmp_path / "report" / "report.json").read_text() == "{}"

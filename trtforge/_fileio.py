@@ -352,6 +352,7 @@ def work_directory(prefix: str) -> Iterator[Path]:
     sweep_dead_work_directories()
     path: Path | None = None
     held: int | None = None
+    forget = _own_directory(None)
     try:
         with signals_deferred():
             path = Path(tempfile.mkdtemp(prefix=prefix))
@@ -362,11 +363,13 @@ def work_directory(prefix: str) -> Iterator[Path]:
             except OSError:  # (a filesystem without flock: unmarked, so never swept as dead)
                 pass
             else:
+                forget = _own_directory(held)
                 (path / _WORK_MARK).touch()
         yield path
     finally:
         if path is not None:
             shutil.rmtree(path, ignore_errors=True)
+        forget()
         if held is not None:
             os.close(held)
 
@@ -422,6 +425,22 @@ class _Locked(threading.local):
 
 
 _LOCKED = _Locked()
+# Directories this process holds by an exclusive flock to say it is alive (its work directories, staging
+# directories): a directory_lock on one of them, from any thread, is not taken again. flock locks belong to
+# an open file, not a process: a second descriptor's lock waited on the first's for ever (report --generate
+# read its exported ONNX, under a shared lock, in its own flocked work directory).
+_OWN_DIRS: set[tuple[int, int]] = set()
+
+
+def _own_directory(fd: int | None) -> Callable[[], None]:
+    """Record the directory open at `fd` (None or -1: nothing), flocked by this process, as its own (see
+    _OWN_DIRS); returns what forgets it, to call before `fd` is closed."""
+    if fd is None or fd < 0:
+        return lambda: None
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    _OWN_DIRS.add(key)
+    return lambda: _OWN_DIRS.discard(key)
 
 
 @contextlib.contextmanager
@@ -446,7 +465,7 @@ def directory_lock(directories: Iterable[str | os.PathLike[str]], *, shared: boo
             if fd is None:
                 continue
             key = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
-            if key in held or key in fds:
+            if key in held or key in fds or key in _OWN_DIRS:
                 os.close(fd)
                 continue
             fds[key] = fd
@@ -915,6 +934,7 @@ def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
         with signals_deferred():  # (raised at its end, an interrupt held here finds `tmp` to remove)
             tmp = Path(tempfile.mkdtemp(prefix=temp_name(path, "").name, suffix=_STAGING, dir=parent))
             fd = try_lock(tmp)
+            forget = _own_directory(fd)
     except BaseException:
         if fd is not None and fd >= 0:
             os.close(fd)
@@ -923,6 +943,7 @@ def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
         raise
 
     def cleanup() -> None:
+        forget()
         if fd is not None and fd >= 0:
             os.close(fd)
         with contextlib.suppress(OSError):
@@ -1015,7 +1036,7 @@ def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> I
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     new = temp_name(p, f"new.{os.getpid()}.{threading.get_ident()}")
-    made, held = False, None
+    made, held, forget = False, None, _own_directory(None)
     try:
         with directory_lock([parent]):
             recover_staged_directory(p)
@@ -1026,6 +1047,7 @@ def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> I
                     raise os_error(e, p, f"create a directory in '{show_path(p.parent)}' for") from e
                 made = True
             held = try_lock(new)  # (recovery leaves a held one to its live writer)
+            forget = _own_directory(held)
         if p.is_dir():
             os.chmod(new, stat.S_IMODE(p.stat().st_mode))
         yield new
@@ -1054,6 +1076,7 @@ def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> I
             raise os_error(e, p) from e
         raise
     finally:
+        forget()
         if held is not None and held >= 0:
             os.close(held)
 
