@@ -38,6 +38,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "compiler": ("trtforge.compiler",),
     "llm.ground": (
         "trtforge.llm.contract",
+        "trtforge.llm.vocab",
         "trtforge.llm.prompts",
         "trtforge.llm.sampling",
         "trtforge.llm.penalties",

@@ -277,18 +277,18 @@ def _check_windows_hold_text(w: Windows, ids: Sequence[int], special: dict[int, 
 
 def _check_tokenizer_is_the_models(model: Any, tokenizer: Any) -> None:
     """UserError when --tokenizer maps ids to other tokens than the model directory's own tokenizer (the
-    id -> token maps compared as for a speculative draft: :mod:`trtforge.llm.spec.tokenizers`). Its ids
+    id -> token maps compared as for a speculative draft: :mod:`trtforge.llm.vocab`). Its ids
     all lay inside the model's vocabulary, so the report ran and said "ok" with a perplexity of text the
     model read as other tokens (the 21M code model: 6848 instead of 25.6). Nothing to compare for a model
     without tokenizer files (module:factory, an nn.Module), which is what --tokenizer is for."""
-    from trtforge.llm.spec.tokenizers import MAX_REGULAR_MISMATCH, compare_vocabularies
     from trtforge.llm.text import has_tokenizer, load_tokenizer
+    from trtforge.llm.vocab import MAX_REGULAR_MISMATCH, compare_vocabularies, regular_size
 
     if tokenizer is None or not isinstance(model, (str, os.PathLike)) or not has_tokenizer(model):
         return
     own = load_tokenizer(model)
     regular, _ = compare_vocabularies(own, load_tokenizer(tokenizer))
-    size = max(1, len(own.get_vocab()) - len(getattr(own, "added_tokens_decoder", {}) or {}))
+    size = regular_size(own)
     if len(regular) > MAX_REGULAR_MISMATCH * size:
 
         def token(t: str | None) -> str:

@@ -21,41 +21,11 @@ import warnings
 from typing import Any
 
 from trtforge.errors import TrtforgeWarning, UserError
-
-# the share of the regular vocabulary whose ids may differ before the tokenizers count as different
-# ones: two byte-level BPEs trained apart share only their byte tokens' ids (~94% differ at 4,096
-# tokens), while a family's tokenizers differ in none or a few repaired entries
-MAX_REGULAR_MISMATCH = 0.01
+from trtforge.llm.vocab import MAX_REGULAR_MISMATCH, Diff, compare_vocabularies, regular_size
 
 
 class DraftTokenizerWarning(TrtforgeWarning):
     """The draft's tokenizer differs from the target's in added tokens only (or in a few tokens)."""
-
-
-def _maps(tok: Any) -> tuple[dict[int, str], set[int]]:
-    """(id -> token of the whole vocabulary, the ids of added tokens)."""
-    by_id = {int(i): str(t) for t, i in tok.get_vocab().items()}
-    added = {int(i) for i in getattr(tok, "added_tokens_decoder", {}) or {}}
-    return by_id, added
-
-
-Diff = tuple[int, str | None, str | None]  # an id, its token in the target, in the draft (None: unused)
-
-
-def compare_vocabularies(target: Any, draft: Any) -> tuple[list[Diff], list[Diff]]:
-    """(regular, added): the ids whose tokens differ between two tokenizers, as (id, target token,
-    draft token), None where one does not use the id. An id counts as added when it is an added
-    token's in either tokenizer."""
-    t_map, t_added = _maps(target)
-    d_map, d_added = _maps(draft)
-    added_ids = t_added | d_added
-    regular: list[Diff] = []
-    added: list[Diff] = []
-    for i in sorted(t_map.keys() | d_map.keys()):
-        a, b = t_map.get(i), d_map.get(i)
-        if a != b:
-            (added if i in added_ids else regular).append((i, a, b))
-    return regular, added
 
 
 def _examples(diffs: list[Diff], n: int = 3) -> str:
@@ -69,8 +39,7 @@ def check_draft_tokenizer(target: Any, draft: Any, target_name: str, draft_name:
     """UserError when `draft` (a tokenizer) maps ids to other tokens than `target`; a
     :class:`DraftTokenizerWarning` when only added tokens (or a few regular ones) differ."""
     regular, added = compare_vocabularies(target, draft)
-    t_map, t_added = _maps(target)
-    size = max(1, len(t_map) - len(t_added))
+    size = regular_size(target)
     pair = f"the speculative draft model '{draft_name}' and the target '{target_name}'"
     if len(regular) > MAX_REGULAR_MISMATCH * size:
         raise UserError(
