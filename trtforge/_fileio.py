@@ -280,7 +280,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
         try:  # (interrupts held: one between the file's creation and this block's cleanup left it behind)
             with signals_deferred():
                 fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=parent)
-                held = _flocked(os.dup(fd))  # (while staged: a later writer's sweep leaves it be)
+                held = try_lock(Path(tmp))  # (while staged: a later writer's sweep leaves it be)
         except OSError as e:
             # a missing directory is the user's path too (the caller's check may not have seen this path)
             raise (os_error(e, p) if e.errno in USER_ERRNOS or e.errno == errno.ENOENT else e) from e
@@ -911,14 +911,6 @@ def recover_staged_directory(path: str | os.PathLike[str]) -> None:
                 if fd >= 0:
                     os.close(fd)
                 shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _flocked(fd: int) -> int:
-    """`fd`, holding an exclusive flock (nothing where flock is missing) until it is closed."""
-    if fcntl is not None:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return fd
 
 
 def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
