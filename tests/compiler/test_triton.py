@@ -577,3 +577,31 @@ def test_tensor_names_needing_escapes_round_trip(tmp_path: Path) -> None:
     cfg = _parse(tmp_path / "repo" / "m" / "config.pbtxt")
     assert [t.name for t in cfg.input] == [names[0]]
     assert [t.name for t in cfg.output] == ["y", names[1]]
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [
+        ("paged", r"Serve it with `trtforge serve .*step\.engine --tokenizer DIR`"),
+        ("slot", r"Serve the Hugging Face model directory with `trtforge serve DIR`.*--cache-layout paged`"),
+    ],
+)
+def test_a_decoder_step_engine_is_refused_with_what_serves_it(
+    tmp_path: Path, capsys, layout: str, expected: str
+) -> None:
+    """Before: a step engine (compile --generate) was exported like an encoder, max_batch_size 2 with the
+    dynamic batcher on and its prefill and decode profiles in one instance group: a Triton model that
+    runs single steps with nothing carrying the KV cache between them, so no generation. It is recognised
+    by its manifest's generation section (as `inspect` does) and refused, naming `trtforge serve`."""
+    import re
+
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path, "step.engine")
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    manifest["generation"] = {"cache": {"layout": layout}, "profiles": {"prefill": 0, "decode": 0}}
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "repo")]) == 2
+    err = capsys.readouterr().err
+    assert "is a decoder step engine" in err and re.search(expected, err), err
+    assert not (tmp_path / "repo").exists()

@@ -18,7 +18,9 @@ versions there when the config.pbtxt it needs is the one there (Triton serves ev
 version of a model with one config, and by default only the highest); else the export is
 refused. The model or version appears complete or not at all: a failed or interrupted
 export leaves the repository as it was. Triton must run the engine's TensorRT version on
-a GPU of the compute capability it was built for.
+a GPU of the compute capability it was built for. A decoder step engine (compile
+--generate) is refused: Triton runs each request as one step, with no KV cache between
+steps nor sampling; serve it with `trtforge serve`.
 \b
 Concurrent instances of a dynamic-shape engine need one optimization profile each: build
 with `trtforge compile --streams N` and pass --instances N (each instance gets its own

@@ -5,7 +5,8 @@ engine's manifest, parsed first with tritonclient's model_config protobuf and ch
 manifest, into a directory staged beside the model's (`_fileio.staged_directory`) that then takes its
 place. Into an existing model directory (without `force`) it adds only the version directory, staged the
 same way, and only when the model's config.pbtxt is the one this engine needs: Triton serves all the
-versions of a model with one config.
+versions of a model with one config. A decoder step engine (a manifest with a generation section) is
+refused: a Triton model of one step cannot generate (`trtforge serve` serves it).
 """
 
 from __future__ import annotations
@@ -318,12 +319,38 @@ def _refuse_replacing_inputs(target: Path, inputs: list[Path]) -> None:
             )
 
 
+def _step_engine_refusal(engine: Path, generation: dict[str, Any]) -> str:
+    """Why a decoder step engine gets no Triton model, and what serves it instead: `trtforge serve` and
+    `trtforge generate` run a paged step engine; a slot one is served from its model."""
+    cache = generation.get("cache")
+    if isinstance(cache, dict) and cache.get("layout") == "paged":
+        instead = (
+            f"Serve it with `trtforge serve {show_path(engine)} --tokenizer DIR` (an OpenAI-compatible "
+            "server), or run it with `trtforge generate`."
+        )
+    else:
+        instead = (
+            "Serve the Hugging Face model directory with `trtforge serve DIR` (an OpenAI-compatible "
+            "server), or build a step engine that serve and generate run: `trtforge compile DIR --generate "
+            "--cache-layout paged`."
+        )
+    return (
+        f"engine '{show_path(engine)}' is a decoder step engine (`trtforge compile --generate`: its manifest "
+        "has a generation section): one step of a KV-cache decoder, whose cache, positions and block "
+        "tables the caller carries from step to step and whose logits it samples. Triton's TensorRT "
+        "backend runs each request as one independent step and does neither, so a Triton model of it "
+        f"cannot serve generation. {instead}"
+    )
+
+
 def export_triton(
     engine: str | os.PathLike[str], repo: str | os.PathLike[str], opts: TritonOptions
 ) -> TritonExport:
     """Write the model directory for `engine` into `repo` (created if missing); all or nothing."""
     engine = Path(engine)
     manifest, data = read_engine(engine)
+    if manifest.generation is not None:  # a decoder step engine (compile --generate), as inspect tells it
+        raise UserError(_step_engine_refusal(engine, manifest.generation))
     plugins = [p for p in manifest.plugins if p.get("namespace", "trtforge") == "trtforge"]
     if plugins:
         raise UserError(
