@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -605,3 +606,83 @@ def test_a_decoder_step_engine_is_refused_with_what_serves_it(
     err = capsys.readouterr().err
     assert "is a decoder step engine" in err and re.search(expected, err), err
     assert not (tmp_path / "repo").exists()
+
+
+def _axes_engine(d: Path, x: list, y: list, shape: str, perm: list[int] | None = None) -> Path:
+    """d/m.engine from an ONNX graph y = 2 * x (transposed by `perm`), its axes named as `x` and `y` give
+    them (str: a dynamic axis of that name; int: static), built with the profile `shape`."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import trtforge
+
+    nodes = [helper.make_node("Mul", ["x", "two"], ["t" if perm else "y"])]
+    if perm:
+        nodes.append(helper.make_node("Transpose", ["t"], ["y"], perm=perm))
+    graph = helper.make_graph(
+        nodes,
+        "axes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y)],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])],
+    )
+    d.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), d / "m.onnx")
+    trtforge.compile(str(d / "m.onnx"), output=d / "m.engine", shapes=[shape], progress=False)
+    return d / "m.engine"
+
+
+_NOT_BATCHES = {  # x's and y's axes, the profile, y's transpose, and the note's reason
+    "batch-second": (
+        (["seq", "batch", 4], ["seq", "batch", 4], "x:1x1x4:4x2x4:8x4x4", None),
+        r"the batch is axis 1 of input 'x' \(named 'batch'\), not axis 0",
+    ),
+    "transposed-output": (
+        (["batch", "seq"], ["seq", "batch"], "x:1x1:2x4:8x8", [1, 0]),
+        r"axis 0 of input 'x' is 'batch', which is axis 1 of output 'y', not a batch axis",
+    ),
+    "static-first": (
+        ([2, "N"], [2, "N"], "x:2x1:2x4:2x8", None),
+        r"axis 0 of input 'x' is static \(2\), not a batch axis \(its dynamic axis is axis 1\)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("axes", "note"), list(_NOT_BATCHES.values()), ids=list(_NOT_BATCHES))
+def test_an_engine_whose_axis_0_is_not_the_batch_is_not_batched(
+    tmp_path: Path, capsys, axes: tuple, note: str
+) -> None:
+    """Before: an engine whose inputs are [seq, batch, ...] (or whose output is transposed to [seq, batch])
+    got max_batch_size 8, the profiles' axis-0 maximum: Triton then split and joined requests along the
+    sequence. compile now records each axis's ONNX name; export-triton writes max_batch_size 0 with a note
+    saying why, and refuses --max-batch N, naming the tensor and axis, with nothing written."""
+    eng = _axes_engine(tmp_path / "e", *axes)
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(eng), "-o", str(repo)]) == 0
+    assert _parse(repo / "m" / "config.pbtxt").max_batch_size == 0
+    err = capsys.readouterr().err
+    assert re.search(r"note: max_batch_size 0, so Triton does not batch requests: " + note, err), err
+    _fails(
+        ["export-triton", str(eng), "-o", str(tmp_path / "r2"), "--max-batch", "4"],
+        capsys,
+        "--max-batch 4: Triton cannot batch this engine",
+    )
+    assert not (tmp_path / "r2").exists()
+
+
+def test_an_axis_0_not_named_as_a_batch_is_batched_only_when_asked(tmp_path: Path, capsys) -> None:
+    """An input [seq, 4] (axis 0 named 'seq' in the model) may still be a batch of rows, but nothing says
+    so: the default is max_batch_size 0 with a note naming the axis; --max-batch N is taken as the user's
+    word. An axis 0 named as a batch (batch_size, N) keeps the profiles' largest batch."""
+    eng = _axes_engine(tmp_path / "seq", ["seq", 4], ["seq", 4], "x:1x4:4x4:8x4")
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "r")]) == 0
+    assert _parse(tmp_path / "r" / "m" / "config.pbtxt").max_batch_size == 0
+    assert "axis 0 of input 'x' is named 'seq' in the model, not a batch; pass --max-batch N" in (
+        capsys.readouterr().err
+    )
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "r2"), "--max-batch", "4"]) == 0
+    assert _parse(tmp_path / "r2" / "m" / "config.pbtxt").max_batch_size == 4
+    eng = _axes_engine(tmp_path / "bs", ["batch_size", 4], ["batch_size", 4], "x:1x4:4x4:8x4")
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "r3")]) == 0
+    assert _parse(tmp_path / "r3" / "m" / "config.pbtxt").max_batch_size == 8
+    assert "note:" not in capsys.readouterr().err
