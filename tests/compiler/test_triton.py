@@ -686,3 +686,30 @@ def test_an_axis_0_not_named_as_a_batch_is_batched_only_when_asked(tmp_path: Pat
     assert main(["export-triton", str(eng), "-o", str(tmp_path / "r3")]) == 0
     assert _parse(tmp_path / "r3" / "m" / "config.pbtxt").max_batch_size == 8
     assert "note:" not in capsys.readouterr().err
+
+
+def test_config_text_is_strict_text_format_for_any_name_dtype_and_dim(tmp_path: Path) -> None:
+    """Red team of config.pbtxt: tensor names holding every ASCII control character, DEL, the text format's
+    own punctuation, C1 controls, line and paragraph separators and a BOM; an int64 input, a bool output;
+    dims past the int32 range. The text parses with tritonclient's ModelConfig to the manifest's very
+    names, types and dims, and keeps to what Triton's C++ tokenizer takes: valid UTF-8, and no raw control
+    character or DEL outside the line breaks between fields (a string literal never crosses a line)."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    nasty = "".join(map(chr, range(1, 32))) + '\x7f"\\#{}[]:<>,;' + "\x85\x9f\u2028\u2029\ufeff"
+    names = [f"in {nasty}", f"out {nasty[::-1]}"]
+    manifest["inputs"][0] |= {"name": names[0], "dtype": "int64"}
+    manifest["profiles"][0] = {names[0]: manifest["profiles"][0]["x"]}
+    manifest["outputs"][0] |= {"name": names[1], "dtype": "bool", "shape": [-1, 2**40]}
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "repo")]) == 0
+    text = (tmp_path / "repo" / "m" / "config.pbtxt").read_bytes().decode("utf-8")
+    assert not [c for c in text if (ord(c) < 0x20 and c != "\n") or c == "\x7f"]
+    cfg = _parse(tmp_path / "repo" / "m" / "config.pbtxt")
+    assert [t.name for t in cfg.input] == [names[0]] and mc.DataType.Name(
+        cfg.input[0].data_type
+    ) == "TYPE_INT64"
+    out = cfg.output[0]
+    assert (out.name, mc.DataType.Name(out.data_type), list(out.dims)) == (names[1], "TYPE_BOOL", [2**40])
