@@ -713,3 +713,41 @@ def test_config_text_is_strict_text_format_for_any_name_dtype_and_dim(tmp_path: 
     ) == "TYPE_INT64"
     out = cfg.output[0]
     assert (out.name, mc.DataType.Name(out.data_type), list(out.dims)) == (names[1], "TYPE_BOOL", [2**40])
+
+
+@pytest.mark.parametrize(
+    ("record", "max_batch", "note"),
+    [
+        (None, 32, ""),  # an engine built before compile recorded axis names: the profiles decide
+        ({"inputs": [["batch", None]], "outputs": [["batch", None], ["batch"]]}, 32, ""),
+        (
+            {"inputs": [["tokens", None]]},
+            0,
+            "axis 0 of input 'x' is named 'tokens' in the model, not a batch",
+        ),
+        ({"outputs": [[None, "batch"], [None]]}, 0, "the batch is axis 1 of output 'y' (named 'batch'), not"),
+        ({"inputs": [["batch", "rows"]], "outputs": [["rows", None], [None]]}, 0, "which is axis 1 of input"),
+    ],
+    ids=["unrecorded", "batch", "tokens", "batch-later", "name-later"],
+)
+def test_the_recorded_axis_names_decide_the_default_max_batch(
+    tmp_path: Path, record: dict | None, max_batch: int, note: str
+) -> None:
+    """The stand-in engine x [B, 64] -> y [B, 64], s [B] (profiles up to 32) with the axis names its build
+    record gives: max_batch_size and the note export_triton returns."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+    from trtforge.compiler import triton
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    if record is not None:
+        manifest["records"]["build"] = {
+            kind: [
+                {"name": t["name"], "symbols": symbols}
+                for t, symbols in zip(manifest[kind], record.get(kind, []), strict=False)
+            ]
+            for kind in ("inputs", "outputs")
+        }
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    result = triton.export_triton(eng, tmp_path / "repo", triton.TritonOptions())
+    assert result.max_batch_size == max_batch and note in result.note and bool(note) == bool(result.note)

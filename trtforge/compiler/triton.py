@@ -87,8 +87,8 @@ class TritonExport:
 
 def _batch_limit(m: Manifest, where: str) -> tuple[int, str, str]:
     """The largest batch Triton may send (0 when the engine cannot batch along axis 0) with why, and a doubt:
-    why axis 0, though it could be the batch, is not taken for one unless --max-batch says so (its ONNX name,
-    recorded by compile, is not a batch's). Triton splits and joins every input and output along axis 0."""
+    why axis 0, though it could be the batch, is not taken for one unless --max-batch says so. Triton splits
+    and joins every input and output along axis 0 with one size."""
     tensors = [("input", t) for t in m.inputs] + [("output", t) for t in m.outputs]
     for kind, t in tensors:
         if not t.shape or t.shape[0] != -1:
@@ -101,7 +101,16 @@ def _batch_limit(m: Manifest, where: str) -> tuple[int, str, str]:
     mins = {r.min[0] for p in m.profiles for r in p.values()}
     if mins != {1}:
         return 0, f"the profiles' minimum batch is {sorted(mins)}, Triton needs batch 1 to be valid", ""
+    why, doubt = _named_axes(m, where)
+    return (0 if why else min(r.max[0] for p in m.profiles for r in p.values())), why, doubt
+
+
+def _named_axes(m: Manifest, where: str) -> tuple[str, str]:
+    """What the ONNX axis names that compile recorded (none in an engine built before it did) say against
+    axis 0 being the batch: why it cannot be (its name stands at another axis too, or a batch-named axis
+    stands past axis 0), or a doubt (an input's axis 0 named unlike a batch, or the inputs' differently)."""
     names = {kind: recorded_symbols(m.records, f"{kind}s", where) for kind in ("input", "output")}
+    tensors = [("input", t) for t in m.inputs] + [("output", t) for t in m.outputs]
     later: dict[str, str] = {}  # an axis name -> the first tensor axis past 0 that has it
     for kind, t in tensors:
         for axis, sym in enumerate(names[kind].get(t.name, [])[1:], 1):
@@ -110,19 +119,18 @@ def _batch_limit(m: Manifest, where: str) -> tuple[int, str, str]:
     firsts = [(kind, t.name, (names[kind].get(t.name) or [None])[0]) for kind, t in tensors]
     for kind, name, sym in firsts:
         if sym in later:
-            return 0, f"axis 0 of {kind} '{name}' is '{sym}', which is {later[sym]}, not a batch axis", ""
+            return f"axis 0 of {kind} '{name}' is '{sym}', which is {later[sym]}, not a batch axis", ""
     moved = next((f"{at} (named '{sym}')" for sym, at in later.items() if "batch" in sym.lower()), None)
     if moved:
-        return 0, f"the batch is {moved}, not axis 0", ""
-    limit = min(r.max[0] for p in m.profiles for r in p.values())
+        return f"the batch is {moved}, not axis 0", ""
     named = [(name, sym) for kind, name, sym in firsts if kind == "input" and sym]
     odd = [(name, sym) for name, sym in named if not BATCH_NAME.fullmatch(sym)]
     if odd:
-        return limit, "", f"axis 0 of input '{odd[0][0]}' is named '{odd[0][1]}' in the model, not a batch"
+        return "", f"axis 0 of input '{odd[0][0]}' is named '{odd[0][1]}' in the model, not a batch"
     if len({sym for _, sym in named}) > 1:
-        shown_names = ", ".join(f"'{sym}' ({name})" for name, sym in named)
-        return limit, "", f"axis 0 of the inputs has different names in the model: {shown_names}"
-    return limit, "", ""
+        listed = ", ".join(f"'{sym}' ({name})" for name, sym in named)
+        return "", f"axis 0 of the inputs has different names in the model: {listed}"
+    return "", ""
 
 
 def _dims(spec: TensorSpec, batched: bool) -> list[int]:
@@ -217,9 +225,7 @@ def render_config(
         raise UserError(f"--preferred-batch-size {not_int!r}: expected whole numbers (batch sizes).")
     note = ""
     if opts.max_batch is None:
-        max_batch = (
-            0 if doubt else min(limit, MAX_INT32)
-        )  # (a profile may allow more than Triton can be told)
+        max_batch = 0 if doubt else min(limit, MAX_INT32)  # (a profile may allow more than Triton reads)
         if doubt:
             why = f"{doubt}; pass --max-batch N if axis 0 is the batch of every input and output"
         if not max_batch:
