@@ -49,6 +49,7 @@ def test_compile_refuses_a_step_graph_pointing_at_generate(step_graph, tmp_path,
     assert f"'{step}' is a decoder step graph (its 'trtforge.generation' metadata" in err, err
     assert "`trtforge compile MODEL --generate`" in err and f"`trtforge serve {step}`" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step.onnx"]
+    assert cli_main(["inspect", str(step)]) == 0  # (inspect reads ONNX files through the same reader)
 
 
 def test_unsupported_family_lists_supported(tmp_path):

@@ -66,11 +66,12 @@ def _step_graph_refusal(path: Path) -> UserError:
     )
 
 
-def from_onnx_file(path: str | os.PathLike[str]) -> OnnxArtifact:
-    """Accept an existing ONNX file as the export artifact (checked, not re-exported)."""
+def from_onnx_file(path: str | os.PathLike[str], *, encoder_only: bool = False) -> OnnxArtifact:
+    """Accept an existing ONNX file as the export artifact (checked, not re-exported). `encoder_only` (the
+    encoder compile) refuses a decoder step graph, which inspect and report take."""
     p = check_input_file(path, "model file")
     proto = onnx_io.read_onnx(p, external_data=False)
-    if any(prop.key == onnx_io.GENERATION_KEY for prop in proto.metadata_props):
+    if encoder_only and any(prop.key == onnx_io.GENERATION_KEY for prop in proto.metadata_props):
         raise _step_graph_refusal(p)
     onnx_io.check_model(p, where=f"ONNX model '{p}'")
     record = ExportRecord(
