@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -577,3 +578,176 @@ def test_tensor_names_needing_escapes_round_trip(tmp_path: Path) -> None:
     cfg = _parse(tmp_path / "repo" / "m" / "config.pbtxt")
     assert [t.name for t in cfg.input] == [names[0]]
     assert [t.name for t in cfg.output] == ["y", names[1]]
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [
+        ("paged", r"Serve it with `trtforge serve .*step\.engine --tokenizer DIR`"),
+        ("slot", r"Serve the Hugging Face model directory with `trtforge serve DIR`.*--cache-layout paged`"),
+    ],
+)
+def test_a_decoder_step_engine_is_refused_with_what_serves_it(
+    tmp_path: Path, capsys, layout: str, expected: str
+) -> None:
+    """Before: a step engine (compile --generate) was exported like an encoder, max_batch_size 2 with the
+    dynamic batcher on and its prefill and decode profiles in one instance group: a Triton model that
+    runs single steps with nothing carrying the KV cache between them, so no generation. It is recognised
+    by its manifest's generation section (as `inspect` does) and refused, naming `trtforge serve`."""
+    import re
+
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path, "step.engine")
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    manifest["generation"] = {"cache": {"layout": layout}, "profiles": {"prefill": 0, "decode": 0}}
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "repo")]) == 2
+    err = capsys.readouterr().err
+    assert "is a decoder step engine" in err and re.search(expected, err), err
+    assert not (tmp_path / "repo").exists()
+
+
+def _axes_engine(d: Path, x: list, y: list, shape: str, perm: list[int] | None = None) -> Path:
+    """d/m.engine from an ONNX graph y = 2 * x (transposed by `perm`), its axes named as `x` and `y` give
+    them (str: a dynamic axis of that name; int: static), built with the profile `shape`."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import trtforge
+
+    nodes = [helper.make_node("Mul", ["x", "two"], ["t" if perm else "y"])]
+    if perm:
+        nodes.append(helper.make_node("Transpose", ["t"], ["y"], perm=perm))
+    graph = helper.make_graph(
+        nodes,
+        "axes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y)],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])],
+    )
+    d.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), d / "m.onnx")
+    trtforge.compile(str(d / "m.onnx"), output=d / "m.engine", shapes=[shape], progress=False)
+    return d / "m.engine"
+
+
+_NOT_BATCHES = {  # x's and y's axes, the profile, y's transpose, and the note's reason
+    "batch-second": (
+        (["seq", "batch", 4], ["seq", "batch", 4], "x:1x1x4:4x2x4:8x4x4", None),
+        r"the batch is axis 1 of input 'x' \(named 'batch'\), not axis 0",
+    ),
+    "transposed-output": (
+        (["batch", "seq"], ["seq", "batch"], "x:1x1:2x4:8x8", [1, 0]),
+        r"axis 0 of input 'x' is 'batch', which is axis 1 of output 'y', not a batch axis",
+    ),
+    "static-first": (
+        ([2, "N"], [2, "N"], "x:2x1:2x4:2x8", None),
+        r"axis 0 of input 'x' is static \(2\), not a batch axis \(its dynamic axis is axis 1\)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("axes", "note"), list(_NOT_BATCHES.values()), ids=list(_NOT_BATCHES))
+def test_an_engine_whose_axis_0_is_not_the_batch_is_not_batched(
+    tmp_path: Path, capsys, axes: tuple, note: str
+) -> None:
+    """Before: an engine whose inputs are [seq, batch, ...] (or whose output is transposed to [seq, batch])
+    got max_batch_size 8, the profiles' axis-0 maximum: Triton then split and joined requests along the
+    sequence. compile now records each axis's ONNX name; export-triton writes max_batch_size 0 with a note
+    saying why, and refuses --max-batch N, naming the tensor and axis, with nothing written."""
+    eng = _axes_engine(tmp_path / "e", *axes)
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(eng), "-o", str(repo)]) == 0
+    assert _parse(repo / "m" / "config.pbtxt").max_batch_size == 0
+    err = capsys.readouterr().err
+    assert re.search(r"note: max_batch_size 0, so Triton does not batch requests: " + note, err), err
+    _fails(
+        ["export-triton", str(eng), "-o", str(tmp_path / "r2"), "--max-batch", "4"],
+        capsys,
+        "--max-batch 4: Triton cannot batch this engine",
+    )
+    assert not (tmp_path / "r2").exists()
+
+
+def test_an_axis_0_not_named_as_a_batch_is_batched_only_when_asked(tmp_path: Path, capsys) -> None:
+    """An input [seq, 4] (axis 0 named 'seq' in the model) may still be a batch of rows, but nothing says
+    so: the default is max_batch_size 0 with a note naming the axis; --max-batch N is taken as the user's
+    word. An axis 0 named as a batch (batch_size, N) keeps the profiles' largest batch."""
+    eng = _axes_engine(tmp_path / "seq", ["seq", 4], ["seq", 4], "x:1x4:4x4:8x4")
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "r")]) == 0
+    assert _parse(tmp_path / "r" / "m" / "config.pbtxt").max_batch_size == 0
+    assert "axis 0 of input 'x' is named 'seq' in the model, not a batch; pass --max-batch N" in (
+        capsys.readouterr().err
+    )
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "r2"), "--max-batch", "4"]) == 0
+    assert _parse(tmp_path / "r2" / "m" / "config.pbtxt").max_batch_size == 4
+    eng = _axes_engine(tmp_path / "bs", ["batch_size", 4], ["batch_size", 4], "x:1x4:4x4:8x4")
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "r3")]) == 0
+    assert _parse(tmp_path / "r3" / "m" / "config.pbtxt").max_batch_size == 8
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_config_text_is_strict_text_format_for_any_name_dtype_and_dim(tmp_path: Path) -> None:
+    """Red team of config.pbtxt: tensor names holding every ASCII control character, DEL, the text format's
+    own punctuation, C1 controls, line and paragraph separators and a BOM; an int64 input, a bool output;
+    dims past the int32 range. The text parses with tritonclient's ModelConfig to the manifest's very
+    names, types and dims, and keeps to what Triton's C++ tokenizer takes: valid UTF-8, and no raw control
+    character or DEL outside the line breaks between fields (a string literal never crosses a line)."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    nasty = "".join(map(chr, range(1, 32))) + '\x7f"\\#{}[]:<>,;' + "\x85\x9f\u2028\u2029\ufeff"
+    names = [f"in {nasty}", f"out {nasty[::-1]}"]
+    manifest["inputs"][0] |= {"name": names[0], "dtype": "int64"}
+    manifest["profiles"][0] = {names[0]: manifest["profiles"][0]["x"]}
+    manifest["outputs"][0] |= {"name": names[1], "dtype": "bool", "shape": [-1, 2**40]}
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    assert main(["export-triton", str(eng), "-o", str(tmp_path / "repo")]) == 0
+    text = (tmp_path / "repo" / "m" / "config.pbtxt").read_bytes().decode("utf-8")
+    assert not [c for c in text if (ord(c) < 0x20 and c != "\n") or c == "\x7f"]
+    cfg = _parse(tmp_path / "repo" / "m" / "config.pbtxt")
+    assert [t.name for t in cfg.input] == [names[0]] and mc.DataType.Name(
+        cfg.input[0].data_type
+    ) == "TYPE_INT64"
+    out = cfg.output[0]
+    assert (out.name, mc.DataType.Name(out.data_type), list(out.dims)) == (names[1], "TYPE_BOOL", [2**40])
+
+
+@pytest.mark.parametrize(
+    ("record", "max_batch", "note"),
+    [
+        (None, 32, ""),  # an engine built before compile recorded axis names: the profiles decide
+        ({"inputs": [["batch", None]], "outputs": [["batch", None], ["batch"]]}, 32, ""),
+        (
+            {"inputs": [["tokens", None]]},
+            0,
+            "axis 0 of input 'x' is named 'tokens' in the model, not a batch",
+        ),
+        ({"outputs": [[None, "batch"], [None]]}, 0, "the batch is axis 1 of output 'y' (named 'batch'), not"),
+        ({"inputs": [["batch", "rows"]], "outputs": [["rows", None], [None]]}, 0, "which is axis 1 of input"),
+    ],
+    ids=["unrecorded", "batch", "tokens", "batch-later", "name-later"],
+)
+def test_the_recorded_axis_names_decide_the_default_max_batch(
+    tmp_path: Path, record: dict | None, max_batch: int, note: str
+) -> None:
+    """The stand-in engine x [B, 64] -> y [B, 64], s [B] (profiles up to 32) with the axis names its build
+    record gives: max_batch_size and the note export_triton returns."""
+    from tests.cli.test_encoder_hostile_inputs import _engine
+    from trtforge.compiler import triton
+
+    eng = _engine(tmp_path)
+    manifest = json.loads(Path(str(eng) + ".json").read_text())
+    if record is not None:
+        manifest["records"]["build"] = {
+            kind: [
+                {"name": t["name"], "symbols": symbols}
+                for t, symbols in zip(manifest[kind], record.get(kind, []), strict=False)
+            ]
+            for kind in ("inputs", "outputs")
+        }
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    result = triton.export_triton(eng, tmp_path / "repo", triton.TritonOptions())
+    assert result.max_batch_size == max_batch and note in result.note and bool(note) == bool(result.note)

@@ -21,11 +21,35 @@ from trtforge.llm.compile.export import export_step
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory):
+def step_graph(tmp_path_factory) -> Path:
+    """The tiny Llama's slot-layout step graph, step.onnx in a directory of its own."""
     d = tmp_path_factory.mktemp("step")
     r = export_step(tiny_model("llama"), max_seq=32, max_batch=2, max_prefill=8, exporter="legacy", workdir=d)
     onnx.save(r.model, str(d / "step.onnx"))
-    return trtforge.llm.api.load(d / "step.onnx")  # the raw loop, which checks each batch against the graph
+    return d / "step.onnx"
+
+
+@pytest.fixture(scope="module")
+def llm(step_graph):
+    return trtforge.llm.api.load(step_graph)  # the raw loop, which checks each batch against the graph
+
+
+@pytest.mark.parametrize("shape", [None, "input_ids:1x1:1x4:2x8"])
+def test_compile_refuses_a_step_graph_pointing_at_generate(step_graph, tmp_path, capsys, shape):
+    """Before: `trtforge compile step.onnx` (a step graph from --save-onnx) went into the encoder compile:
+    exit 1 with TensorRT's internal error about the KV-cache update's profile, or with ranges that pass, a
+    plain engine without the generation section that tells a step engine (export-triton then wrote it out
+    as a batching Triton model). It is recognised by its trtforge.generation metadata and refused, exit 2,
+    naming --generate and the commands that run the graph as it is."""
+    step = tmp_path / "step.onnx"
+    step.write_bytes(step_graph.read_bytes())
+    argv = ["compile", str(step), "-o", str(tmp_path / "s.engine")] + (["--shape", shape] if shape else [])
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"'{step}' is a decoder step graph (its 'trtforge.generation' metadata" in err, err
+    assert "`trtforge compile MODEL --generate`" in err and f"`trtforge serve {step}`" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step.onnx"]
+    assert cli_main(["inspect", str(step)]) == 0  # (inspect reads ONNX files through the same reader)
 
 
 def test_unsupported_family_lists_supported(tmp_path):

@@ -121,6 +121,36 @@ def test_bad_caller_outputs_are_refused_before_enqueue(outputs, match):
     assert sum(c.enqueues for c in eng.handle.contexts) == 1
 
 
+def _aliases() -> list:
+    """(input x, caller outputs, the pair named): an output that is the input, a view of it, or another
+    output's memory."""
+    x = torch.randn(4, 64)
+    buf = torch.empty(4 * 64 + 4)
+    return [
+        (x, {"y": x}, "output 'y' shares memory with input 'x'"),
+        (x, {"s": x[1, :4]}, "output 's' shares memory with input 'x'"),
+        (x, {"s": x.view(-1)[-4:]}, "output 's' shares memory with input 'x'"),
+        (x, {"y": buf[:256].view(4, 64), "s": buf[252:256]}, "output 's' shares memory with output 'y'"),
+    ]
+
+
+@pytest.mark.parametrize(("x", "outputs", "match"), _aliases(), ids=["same", "view", "flat", "outputs"])
+def test_outputs_sharing_memory_with_an_input_or_each_other_are_refused(x, outputs, match):
+    """Before: an output tensor that was an input (or a view overlapping it, or another output) was bound
+    as given, so the engine wrote over what it still read: wrong results with no error (TensorRT runs no
+    engine in place). Now refused before anything is enqueued, naming both tensors; disjoint views of one
+    buffer stay welcome."""
+    eng, s = _session(1)
+    with pytest.raises(UserError, match=match):
+        s.run({"x": x}, outputs=outputs)
+    with pytest.raises(UserError, match=match):
+        s.submit({"x": x}, outputs=outputs)
+    assert sum(c.enqueues for c in eng.handle.contexts) == 0
+    buf = torch.empty(4 * 64 + 4)
+    out = s.run({"x": x}, outputs={"y": buf[:256].view(4, 64), "s": buf[256:]})
+    torch.testing.assert_close(out["s"], (x * 2 + 1).sum(-1))
+
+
 @pytest.mark.parametrize(
     ("inputs", "match"),
     [

@@ -18,7 +18,9 @@ versions there when the config.pbtxt it needs is the one there (Triton serves ev
 version of a model with one config, and by default only the highest); else the export is
 refused. The model or version appears complete or not at all: a failed or interrupted
 export leaves the repository as it was. Triton must run the engine's TensorRT version on
-a GPU of the compute capability it was built for.
+a GPU of the compute capability it was built for. A decoder step engine (compile
+--generate) is refused: Triton runs each request as one step, with no KV cache between
+steps nor sampling; serve it with `trtforge serve`.
 \b
 Concurrent instances of a dynamic-shape engine need one optimization profile each: build
 with `trtforge compile --streams N` and pass --instances N (each instance gets its own
@@ -38,9 +40,11 @@ profile). Without --no-validate the config is parsed with tritonclient's protobu
     type=click.IntRange(min=0),
     default=None,
     help=(
-        "max_batch_size (default: the largest batch every profile allows; 0 disables batching). Triton "
-        "batches requests along axis 0 of every input and output: pass 0 for an engine where axis 0 is "
-        "not the batch everywhere (an output laid out [seq, batch, ...] would be split wrongly)."
+        "max_batch_size (0 disables batching). Triton batches requests along axis 0 of every input and "
+        "output. Default: the largest batch every profile allows, or 0 with a note where axis 0 is not "
+        "the batch everywhere (static, or named otherwise in the model: [seq, batch, ...]); a value > 0 is "
+        "refused where axis 0 cannot be the batch, and taken as your word where only its name is unlike "
+        "a batch's."
     ),
 )
 @click.option(
@@ -111,6 +115,8 @@ def export_triton_cmd(
         ),
     )
     click.echo(result.config_text)
+    if result.note:
+        click.secho(f"note: {result.note}", fg="yellow", err=True)
     state = "validated with tritonclient's model_config protobuf" if result.validated else "NOT validated"
     if result.added_version:
         where = f"version {result.version} into {show_path(result.model_dir)}, its config.pbtxt unchanged"

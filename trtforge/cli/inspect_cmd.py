@@ -109,13 +109,13 @@ def summarize_engine(engine: Path, manifest: Any) -> dict[str, Any]:
     """An engine's `inspect --json`: the keys it shares with an ONNX model's (see INSPECT_JSON) first,
     then every key of its manifest (model.engine.json) as it is."""
     from trtforge._fileio import show_path
-    from trtforge.core.manifest import manifest_path_for
+    from trtforge.core.manifest import manifest_path_for, recorded_symbols
 
     d = json.loads(manifest.to_json())
     where = f"manifest '{show_path(manifest_path_for(engine))}'"
 
     def entries(kind: str) -> list[dict[str, Any]]:
-        named = _recorded_symbols(d["records"], kind, where)
+        named = recorded_symbols(d["records"], kind, where)
         return [io_entry(t["name"], t["dtype"], t["shape"], named.get(t["name"])) for t in d[kind]]
 
     source = d.get("source") or {}
@@ -128,44 +128,6 @@ def summarize_engine(engine: Path, manifest: Any) -> dict[str, Any]:
         "outputs": entries("outputs"),
     }
     return common | {k: v for k, v in d.items() if k not in common}
-
-
-def _recorded_symbols(records: dict[str, Any], kind: str, where: str) -> dict[str, list[str | None]]:
-    """Each tensor's axis names as the build record gives them (records.build.inputs/outputs: a list of
-    {name, symbols, ...}; absent in a step engine's record). A record of another shape is a malformed
-    manifest, refused naming the field: it ended `inspect --json` in a traceback (exit 1)."""
-    from trtforge.errors import UserError
-
-    build = records.get("build")
-    if build is None:
-        return {}
-    if not isinstance(build, dict):
-        raise UserError(
-            f"{where}: malformed manifest: records.build must be a JSON object, found {type(build).__name__}."
-        )
-    entries = build.get(kind)
-    if entries is None:
-        return {}
-    if not isinstance(entries, list):
-        raise UserError(
-            f"{where}: malformed manifest: records.build.{kind} must be a JSON list, found "
-            f"{type(entries).__name__}."
-        )
-    named: dict[str, list[str | None]] = {}
-    for i, t in enumerate(entries):
-        symbols = t.get("symbols") if isinstance(t, dict) else None
-        if (
-            not isinstance(t, dict)
-            or not isinstance(t.get("name"), str)
-            or not isinstance(symbols or [], list)
-            or not all(s is None or isinstance(s, str) for s in symbols or [])
-        ):
-            raise UserError(
-                f"{where}: malformed manifest: records.build.{kind}[{i}] must be an object with a string "
-                f"name and symbols a list of strings or nulls (one per axis), found {json.dumps(t)[:200]}."
-            )
-        named[t["name"]] = list(symbols or [])
-    return named
 
 
 INSPECT_JSON = """\b

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from trtforge.core.shapes import (
     normalize_shapes,
     resolve_profile,
 )
-from trtforge.core.tensor_spec import graph_inputs
+from trtforge.core.tensor_spec import graph_inputs, graph_outputs
 from trtforge.errors import BuildError, UserError, is_int
 
 # What TensorRT's builder says when an IAttention has no fused kernel and is not marked decomposable.
@@ -182,6 +182,12 @@ class BuildRecord:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return asdict(self)
+
+
+def _named(spec: TensorSpec, symbols: Mapping[str, tuple[str | None, ...]]) -> TensorSpec:
+    """`spec` with its axis names from `symbols` (the ONNX graph's), when the graph gives that many axes."""
+    named = symbols.get(spec.name, ())
+    return replace(spec, symbols=tuple(named)) if len(named) == len(spec.shape) else spec
 
 
 @contextlib.contextmanager
@@ -388,7 +394,13 @@ def build_engine(
     parser = parse_onnx(backend, network, onnx_path, source)
     seconds["parse"] = time.perf_counter() - t0
     inputs, outputs = network_io(network)
-    symbols = {t.name: t.symbols for t in graph_inputs(onnx_path)}
+    import onnx
+
+    graph = onnx.load(os.fspath(onnx_path), load_external_data=False)
+    symbols = {t.name: t.symbols for t in [*graph_inputs(graph), *graph_outputs(graph)]}
+    del graph
+    # the record keeps each axis's ONNX name (inspect shows them; export-triton reads the batch axis there)
+    inputs, outputs = ([_named(t, symbols) for t in specs] for specs in (inputs, outputs))
     descs = [TensorSpec(t.name, t.dtype, tuple(t.shape), symbols.get(t.name, ())) for t in inputs]
     profile, derived = resolve_profile(descs, options.shapes, example_shapes, limits)
     if derived and on_derived is not None:

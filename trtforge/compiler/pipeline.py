@@ -40,7 +40,7 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
         path = Path(text)
         suffix = path.suffix.lower()  # (m.ONNX, as some tools save it)
         if suffix == ".onnx":
-            return sources.from_onnx_file(path), None, None
+            return sources.from_onnx_file(path, encoder_only=True), None, None
         if suffix == ".pt2":
             log(f"exporting torch.export archive {path} to ONNX")
             return sources.from_pt2(path, workdir, **export_kwargs), None, None

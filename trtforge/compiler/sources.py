@@ -53,10 +53,26 @@ def unsupported_source(path: Path) -> UserError:
     return UserError(f"'{shown}': unsupported model file; expected .onnx, .pt2 or package.module:factory.")
 
 
-def from_onnx_file(path: str | os.PathLike[str]) -> OnnxArtifact:
-    """Accept an existing ONNX file as the export artifact (checked, not re-exported)."""
+def _step_graph_refusal(path: Path) -> UserError:
+    """A decoder step graph given to the encoder compile: its profiles, cache and generation metadata come
+    from `compile MODEL --generate` alone, and ONNX Runtime runs the graph as it is."""
+    shown = show_path(path)
+    return UserError(
+        f"'{shown}' is a decoder step graph (its '{onnx_io.GENERATION_KEY}' metadata says so: `trtforge "
+        "compile --generate --save-onnx` or trtforge.llm.compile.export_step wrote it), not an encoder "
+        "model; compile builds a step engine only from the model it came from: `trtforge compile MODEL "
+        "--generate` (MODEL the Hugging Face causal LM). The step graph runs as it is with ONNX Runtime: "
+        f"`trtforge generate {shown}` or `trtforge serve {shown}`."
+    )
+
+
+def from_onnx_file(path: str | os.PathLike[str], *, encoder_only: bool = False) -> OnnxArtifact:
+    """Accept an existing ONNX file as the export artifact (checked, not re-exported). `encoder_only` (the
+    encoder compile) refuses a decoder step graph, which inspect and report take."""
     p = check_input_file(path, "model file")
     proto = onnx_io.read_onnx(p, external_data=False)
+    if encoder_only and any(prop.key == onnx_io.GENERATION_KEY for prop in proto.metadata_props):
+        raise _step_graph_refusal(p)
     onnx_io.check_model(p, where=f"ONNX model '{p}'")
     record = ExportRecord(
         source_kind="onnx",

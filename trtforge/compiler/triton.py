@@ -5,12 +5,14 @@ engine's manifest, parsed first with tritonclient's model_config protobuf and ch
 manifest, into a directory staged beside the model's (`_fileio.staged_directory`) that then takes its
 place. Into an existing model directory (without `force`) it adds only the version directory, staged the
 same way, and only when the model's config.pbtxt is the one this engine needs: Triton serves all the
-versions of a model with one config.
+versions of a model with one config. A decoder step engine (a manifest with a generation section) is
+refused: a Triton model of one step cannot generate (`trtforge serve` serves it).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from trtforge.core.manifest import (
     TensorSpec,
     manifest_path_for,
     read_engine,
+    recorded_symbols,
 )
 from trtforge.errors import UserError, is_int
 
@@ -46,12 +49,15 @@ MAX_INT32 = 2**31 - 1  # Triton's max_batch_size, preferred_batch_size and insta
 MAX_INT64 = 2**63 - 1  # Triton's dims
 MAX_UINT64 = 2**64 - 1  # Triton's max_queue_delay_microseconds is a uint64
 MAX_VERSION = 2**63 - 1  # Triton reads a version directory's name as an int64
+# an ONNX axis name that says batch: batch, batch_size, Batch, N, B, bs, bsz (any case)
+BATCH_NAME = re.compile(r"(?i).*batch.*|n|b|bs|bsz")
 PIP_HINT = 'pip install "tritonclient[grpc]"   (or: pip install "trtforge[triton]")'
 
 
 @dataclass
 class TritonOptions:
-    """What to write. `max_batch=None` takes the largest batch every profile allows (0 = no batching)."""
+    """What to write. `max_batch=None` takes the largest batch every profile allows, or 0 (no batching) where
+    axis 0 is not the batch of every input and output (:func:`_batch_limit`)."""
 
     name: str | None = None
     max_batch: int | None = None
@@ -76,18 +82,55 @@ class TritonExport:
     validated: bool
     version: int = 1
     added_version: bool = False  # True: a version added to an existing model (its config.pbtxt kept)
+    note: str = ""  # why max_batch_size is 0 when the engine's axis 0 is not (taken for) a batch
 
 
-def _batch_limit(m: Manifest) -> tuple[int, str]:
-    """Largest batch Triton may send (0 if the engine cannot batch on dim 0) and why."""
-    if any(not t.shape or t.shape[0] != -1 for t in [*m.inputs, *m.outputs]):
-        return 0, "not every input and output has a dynamic leading (batch) dimension"
+def _batch_limit(m: Manifest, where: str) -> tuple[int, str, str]:
+    """The largest batch Triton may send (0 when the engine cannot batch along axis 0) with why, and a doubt:
+    why axis 0, though it could be the batch, is not taken for one unless --max-batch says so. Triton splits
+    and joins every input and output along axis 0 with one size."""
+    tensors = [("input", t) for t in m.inputs] + [("output", t) for t in m.outputs]
+    for kind, t in tensors:
+        if not t.shape or t.shape[0] != -1:
+            dynamic = [a for a, d in enumerate(t.shape) if d == -1]
+            size = "absent (a scalar)" if not t.shape else f"static ({t.shape[0]})"
+            moved = f" (its dynamic axis is axis {dynamic[0]})" if dynamic else ""
+            return 0, f"axis 0 of {kind} '{t.name}' is {size}, not a batch axis{moved}", ""
     if not m.profiles:
-        return 0, "the engine has no optimization profiles"
+        return 0, "the engine has no optimization profiles", ""
     mins = {r.min[0] for p in m.profiles for r in p.values()}
     if mins != {1}:
-        return 0, f"the profiles' minimum batch is {sorted(mins)}, Triton needs batch 1 to be valid"
-    return min(r.max[0] for p in m.profiles for r in p.values()), ""
+        return 0, f"the profiles' minimum batch is {sorted(mins)}, Triton needs batch 1 to be valid", ""
+    why, doubt = _named_axes(m, where)
+    return (0 if why else min(r.max[0] for p in m.profiles for r in p.values())), why, doubt
+
+
+def _named_axes(m: Manifest, where: str) -> tuple[str, str]:
+    """What the ONNX axis names that compile recorded (none in an engine built before it did) say against
+    axis 0 being the batch: why it cannot be (its name stands at another axis too, or a batch-named axis
+    stands past axis 0), or a doubt (an input's axis 0 named unlike a batch, or the inputs' differently)."""
+    names = {kind: recorded_symbols(m.records, f"{kind}s", where) for kind in ("input", "output")}
+    tensors = [("input", t) for t in m.inputs] + [("output", t) for t in m.outputs]
+    later: dict[str, str] = {}  # an axis name -> the first tensor axis past 0 that has it
+    for kind, t in tensors:
+        for axis, sym in enumerate(names[kind].get(t.name, [])[1:], 1):
+            if sym:
+                later.setdefault(sym, f"axis {axis} of {kind} '{t.name}'")
+    firsts = [(kind, t.name, (names[kind].get(t.name) or [None])[0]) for kind, t in tensors]
+    for kind, name, sym in firsts:
+        if sym in later:
+            return f"axis 0 of {kind} '{name}' is '{sym}', which is {later[sym]}, not a batch axis", ""
+    moved = next((f"{at} (named '{sym}')" for sym, at in later.items() if "batch" in sym.lower()), None)
+    if moved:
+        return f"the batch is {moved}, not axis 0", ""
+    named = [(name, sym) for kind, name, sym in firsts if kind == "input" and sym]
+    odd = [(name, sym) for name, sym in named if not BATCH_NAME.fullmatch(sym)]
+    if odd:
+        return "", f"axis 0 of input '{odd[0][0]}' is named '{odd[0][1]}' in the model, not a batch"
+    if len({sym for _, sym in named}) > 1:
+        listed = ", ".join(f"'{sym}' ({name})" for name, sym in named)
+        return "", f"axis 0 of the inputs has different names in the model: {listed}"
+    return "", ""
 
 
 def _dims(spec: TensorSpec, batched: bool) -> list[int]:
@@ -167,9 +210,12 @@ def pbtxt_string(text: str) -> str:
     return f'"{body}"'
 
 
-def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int]:
-    """config.pbtxt text for the engine described by `m`, and the max_batch_size used."""
-    limit, why = _batch_limit(m)
+def render_config(
+    m: Manifest, name: str, opts: TritonOptions, where: str = "the engine's manifest"
+) -> tuple[str, int, str]:
+    """config.pbtxt text for the engine described by `m` (its manifest at `where`), the max_batch_size
+    used, and a note saying why it is 0 when the engine's axis 0 is not (taken for) a batch."""
+    limit, why, doubt = _batch_limit(m, where)
     if opts.max_batch is not None and (not is_int(opts.max_batch) or opts.max_batch < 0):
         raise UserError(
             f"--max-batch {opts.max_batch!r}: expected a whole number >= 0 (0 turns batching off)."
@@ -177,25 +223,35 @@ def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int
     not_int = [b for b in opts.preferred_batch_sizes if not is_int(b)]
     if not_int:
         raise UserError(f"--preferred-batch-size {not_int!r}: expected whole numbers (batch sizes).")
+    note = ""
     if opts.max_batch is None:
-        max_batch = min(limit, MAX_INT32)  # (a profile may allow more than Triton can be told)
+        max_batch = 0 if doubt else min(limit, MAX_INT32)  # (a profile may allow more than Triton reads)
+        if doubt:
+            why = f"{doubt}; pass --max-batch N if axis 0 is the batch of every input and output"
+        if not max_batch:
+            note = f"max_batch_size 0, so Triton does not batch requests: {why}."
     elif opts.max_batch > MAX_INT32:
         raise UserError(
             f"--max-batch {opts.max_batch} is out of range: Triton reads max_batch_size as a signed 32-bit "
             f"integer, at most {MAX_INT32}."
         )
+    elif opts.max_batch and not limit:
+        raise UserError(
+            f"--max-batch {opts.max_batch}: Triton cannot batch this engine, since it splits and joins "
+            f"requests along axis 0 of every input and output, and {why}. Pass --max-batch 0 (the default "
+            "here: no batching), or rebuild the engine with the batch as axis 0 of every input and output."
+        )
     elif opts.max_batch > limit:
-        reason = f" ({why})" if why else ""
         raise UserError(
             f"--max-batch {opts.max_batch} exceeds what the engine's optimization profiles allow: "
-            f"at most {limit}{reason}. Rebuild with a larger batch range in --shape, or lower --max-batch."
+            f"at most {limit}. Rebuild with a larger batch range in --shape, or lower --max-batch."
         )
     else:
         max_batch = opts.max_batch
     batched = max_batch > 0
     dynamic = opts.dynamic_batching if opts.dynamic_batching is not None else max_batch > 1
     if dynamic and not batched:
-        why = why if limit == 0 else "--max-batch 0 turns batching off"
+        why = why if opts.max_batch is None else "--max-batch 0 turns batching off"
         raise UserError(f"--dynamic-batching needs a batching engine; this one cannot batch: {why}.")
     if not 0 <= opts.max_queue_delay_us <= MAX_UINT64:
         raise UserError(
@@ -256,7 +312,7 @@ def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int
             body += f"\n  preferred_batch_size: [ {', '.join(map(str, opts.preferred_batch_sizes))} ]"
         body += f"\n  max_queue_delay_microseconds: {opts.max_queue_delay_us}"
         lines.append(f"dynamic_batching {{{body}\n}}\n")
-    return "\n".join(lines), max_batch
+    return "\n".join(lines), max_batch, note
 
 
 def validate_config(text: str, m: Manifest, max_batch: int) -> Any:
@@ -318,12 +374,38 @@ def _refuse_replacing_inputs(target: Path, inputs: list[Path]) -> None:
             )
 
 
+def _step_engine_refusal(engine: Path, generation: dict[str, Any]) -> str:
+    """Why a decoder step engine gets no Triton model, and what serves it instead: `trtforge serve` and
+    `trtforge generate` run a paged step engine; a slot one is served from its model."""
+    cache = generation.get("cache")
+    if isinstance(cache, dict) and cache.get("layout") == "paged":
+        instead = (
+            f"Serve it with `trtforge serve {show_path(engine)} --tokenizer DIR` (an OpenAI-compatible "
+            "server), or run it with `trtforge generate`."
+        )
+    else:
+        instead = (
+            "Serve the Hugging Face model directory with `trtforge serve DIR` (an OpenAI-compatible "
+            "server), or build a step engine that serve and generate run: `trtforge compile DIR --generate "
+            "--cache-layout paged`."
+        )
+    return (
+        f"engine '{show_path(engine)}' is a decoder step engine (`trtforge compile --generate`: its manifest "
+        "has a generation section): one step of a KV-cache decoder, whose cache, positions and block "
+        "tables the caller carries from step to step and whose logits it samples. Triton's TensorRT "
+        "backend runs each request as one independent step and does neither, so a Triton model of it "
+        f"cannot serve generation. {instead}"
+    )
+
+
 def export_triton(
     engine: str | os.PathLike[str], repo: str | os.PathLike[str], opts: TritonOptions
 ) -> TritonExport:
     """Write the model directory for `engine` into `repo` (created if missing); all or nothing."""
     engine = Path(engine)
     manifest, data = read_engine(engine)
+    if manifest.generation is not None:  # a decoder step engine (compile --generate), as inspect tells it
+        raise UserError(_step_engine_refusal(engine, manifest.generation))
     plugins = [p for p in manifest.plugins if p.get("namespace", "trtforge") == "trtforge"]
     if plugins:
         raise UserError(
@@ -373,7 +455,9 @@ def export_triton(
     check_name_length(target, "--name" if opts.name is not None else "the model directory")
     recover_staged_directory(target)  # an export killed mid-swap left the model aside: it goes back first
     _refuse_replacing_inputs(target, [engine, manifest_path_for(engine)])
-    text, max_batch = render_config(manifest, name, opts)
+    text, max_batch, note = render_config(
+        manifest, name, opts, f"manifest '{show_path(manifest_path_for(engine))}'"
+    )
     adding = os.path.lexists(target) and not opts.force
     if adding:
         _check_version_addable(target, version, text)
@@ -387,7 +471,15 @@ def export_triton(
     else:
         _write_model(repo, target, version, text, data, replace=opts.force)
     return TritonExport(
-        target, target / "config.pbtxt", plan, text, max_batch, validated, version, added_version=adding
+        target,
+        target / "config.pbtxt",
+        plan,
+        text,
+        max_batch,
+        validated,
+        version,
+        added_version=adding,
+        note=note,
     )
 
 

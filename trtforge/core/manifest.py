@@ -186,6 +186,43 @@ def _io_problem(m: Manifest) -> str | None:
     return None
 
 
+def recorded_symbols(records: dict[str, Any], kind: str, where: str) -> dict[str, list[str | None]]:
+    """Each tensor's axis names (its ONNX graph's dim_params, None where unnamed) as the build record gives
+    them (records.build.inputs/outputs: a list of {name, symbols, ...}; absent in a step engine's record,
+    empty in one built before they were recorded). A record of another shape is a malformed manifest,
+    refused naming the field (it ended `inspect --json` in a traceback, exit 1)."""
+    build = records.get("build")
+    if build is None:
+        return {}
+    if not isinstance(build, dict):
+        raise UserError(
+            f"{where}: malformed manifest: records.build must be a JSON object, found {type(build).__name__}."
+        )
+    entries = build.get(kind)
+    if entries is None:
+        return {}
+    if not isinstance(entries, list):
+        raise UserError(
+            f"{where}: malformed manifest: records.build.{kind} must be a JSON list, found "
+            f"{type(entries).__name__}."
+        )
+    named: dict[str, list[str | None]] = {}
+    for i, t in enumerate(entries):
+        symbols = t.get("symbols") if isinstance(t, dict) else None
+        if (
+            not isinstance(t, dict)
+            or not isinstance(t.get("name"), str)
+            or not isinstance(symbols or [], list)
+            or not all(s is None or isinstance(s, str) for s in symbols or [])
+        ):
+            raise UserError(
+                f"{where}: malformed manifest: records.build.{kind}[{i}] must be an object with a string "
+                f"name and symbols a list of strings or nulls (one per axis), found {json.dumps(t)[:200]}."
+            )
+        named[t["name"]] = list(symbols or [])
+    return named
+
+
 def _typed(value: Any, kind: type, what: str) -> Any:
     """`value` if it is a `kind` (bool is not an int here), else ValueError naming the field."""
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 MIN_OPSET = 7
 # Protobuf refuses to serialize messages of 2 GiB or more; stay well clear of it.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+# The metadata_props key of a decoder step graph's generation section (llm.contract writes and reads it;
+# its engine's manifest carries the same section as `generation`): one key for every wing that tells a step
+# graph from an encoder's.
+GENERATION_KEY = "trtforge.generation"
 
 
 def external_data_files(path: str | os.PathLike[str]) -> list[Path]:

@@ -119,6 +119,11 @@ def graph_inputs(model: onnx.ModelProto | str | os.PathLike[str]) -> list[Tensor
     return out
 
 
+def graph_outputs(model: onnx.ModelProto) -> list[TensorSpec]:
+    """The outputs of an ONNX model, by :func:`value_spec`'s rules (their axis names included)."""
+    return [value_spec(vo) for vo in model.graph.output]
+
+
 def drop_initializer_inputs(model: onnx.ModelProto) -> list[str]:
     """Remove, in place, the graph inputs that name an initializer (weights by :func:`graph_inputs`' rule,
     as TensorRT's parser takes them too); returns their names. A pass that replaces such a weight (calibrate's

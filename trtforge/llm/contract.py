@@ -11,12 +11,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from trtforge.core.manifest import ShapeRange
+from trtforge.core.onnx_io import GENERATION_KEY
 from trtforge.errors import UserError
 
 if TYPE_CHECKING:
     import onnx
 
-METADATA_KEY = "trtforge.generation"
+METADATA_KEY = GENERATION_KEY
 
 _STEP_INPUTS = ["input_ids", "position_ids", "past_lens", "new_lens"]
 

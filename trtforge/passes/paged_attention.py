@@ -34,12 +34,12 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from trtforge.core.onnx_io import GENERATION_KEY
 from trtforge.errors import UserError
 from trtforge.passes._base import PassOutcome
 
 _INT32 = ir.DataType.INT32
 _INTS = (ir.DataType.INT32, ir.DataType.INT64)
-_METADATA_KEY = "trtforge.generation"  # trtforge.llm.contract.METADATA_KEY (passes stand below llm)
 _LENGTH_NAMES = (("past_lens", "new_lens"), ("seq_lens", "query_lens"))
 
 
@@ -228,7 +228,7 @@ def _final_output(attention: ir.Node, q: ir.Value) -> ir.Value:
 
 
 def _generation(model: ir.Model) -> dict | None:
-    text = model.metadata_props.get(_METADATA_KEY)
+    text = model.metadata_props.get(GENERATION_KEY)
     try:
         return json.loads(text) if text else None
     except json.JSONDecodeError:

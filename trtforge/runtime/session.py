@@ -13,9 +13,10 @@ Stream discipline, per call:
    submit() futures resolve after the lane's work has finished.
 
 Non-contiguous torch inputs are made contiguous (a copy on the caller's stream, counted in
-``memory_stats()["contiguous_copies"]``); caller-provided outputs must be contiguous (refused otherwise,
-since the engine writes them in place). NumPy arrays and CPU tensors are staged through per-lane pinned
-buffers and copied on the lane stream; when every input is NumPy the outputs come back as NumPy arrays.
+``memory_stats()["contiguous_copies"]``); caller-provided outputs must be contiguous and share no memory
+with an input or another output (refused otherwise, since the engine writes them in place). NumPy arrays
+and CPU tensors are staged through per-lane pinned buffers and copied on the lane stream; when every input
+is NumPy the outputs come back as NumPy arrays.
 
 Concurrency: ``submit()`` from one thread keeps every lane busy (the lane is free again as soon as the request
 is enqueued; a per-lane waiter thread resolves the future). ``run()`` follows torch stream semantics, so
@@ -381,7 +382,8 @@ class Session:
         if lane.bound_memory != (arena.address, arena.capacity):
             ctx.set_device_memory(arena.address, arena.capacity)
             lane.bound_memory = (arena.address, arena.capacity)
-        outputs = self._outputs(out_shapes, given)
+        direct = {spec.name: t for spec, (kind, t) in zip(eng.inputs, prepared) if kind != _STAGED}
+        outputs = self._outputs(out_shapes, given, direct)
         feeds, copies = self._feeds(lane, prepared, shapes)
         lane.last_feeds = feeds  # staged device inputs must outlive the enqueued work (submit keeps them)
         # Everything the lane reads or writes is ready/allocated on the caller's stream before this event.
@@ -410,9 +412,10 @@ class Session:
         return outputs
 
     def _outputs(
-        self, out_shapes: tuple, given: Mapping[str, torch.Tensor] | None
+        self, out_shapes: tuple, given: Mapping[str, torch.Tensor] | None, inputs: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
-        """Caller-provided output tensors (checked) or new ones on the caller's stream."""
+        """Caller-provided output tensors (checked, also against `inputs`, the caller's tensors bound as
+        inputs as they are) or new ones on the caller's stream."""
         dev = self.device.torch_device
         if not given:
             return {
@@ -462,7 +465,27 @@ class Session:
                     "outputs in place, so pass a contiguous tensor (or none and use the returned one)."
                 )
             outputs[spec.name] = t
+        self._refuse_shared_memory({n: t for n, t in outputs.items() if given.get(n) is t}, inputs)
         return outputs
+
+    def _refuse_shared_memory(
+        self, outputs: Mapping[str, torch.Tensor], inputs: Mapping[str, torch.Tensor]
+    ) -> None:
+        """UserError naming both tensors when a caller's output shares memory with an input bound as it is
+        or with another output (the same tensor, or overlapping views): the engine writes an output while it
+        still reads its inputs, and TensorRT runs no engine in place, so the results would be wrong with no
+        error. Both are contiguous here, so each spans [data_ptr, data_ptr + nbytes)."""
+        seen = [(f"input '{n}'", t) for n, t in inputs.items()]
+        for name, t in outputs.items():
+            for other, u in seen:
+                if _overlap(t, u):
+                    raise UserError(
+                        f"{self.engine.label}: output '{name}' shares memory with {other} (the same tensor, "
+                        "or overlapping views of one); the engine writes each output while it reads its "
+                        "inputs and writes its other outputs, so the results would be wrong. Pass a separate "
+                        "tensor for each output (or none and use the returned one)."
+                    )
+            seen.append((f"output '{name}'", t))
 
     def _feeds(self, lane: _Lane, prepared: list, shapes: tuple) -> tuple[dict[str, torch.Tensor], list]:
         """Device tensors for every input; host data gets a device buffer now and a pinned copy later."""
@@ -501,6 +524,14 @@ class Session:
                 view.copy_(t, non_blocking=True)
                 host[name] = view
         return host
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when contiguous tensors `a` and `b` share a byte of the same device's memory."""
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 @contextlib.contextmanager
