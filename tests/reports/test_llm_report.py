@@ -570,3 +570,59 @@ def test_a_reference_that_was_not_measured_fails_the_check(tiny_dir, tmp_path, c
     doc = json.loads((out / "report.json").read_text())
     assert [t["status"] for t in doc["targets"]] == ["not_run", "not_run"]
     assert cli_main([*argv, "--no-check"]) == 0
+
+
+def _sparse_text(path: Path, text: bytes, size: int) -> Path:
+    """`text`, then a hole to `size` bytes (NULs on reading, no disk): a file of any size at no cost."""
+    with open(path, "wb") as f:
+        f.write(text)
+        f.truncate(size)
+    return path
+
+
+def test_a_huge_text_is_read_only_as_far_as_the_windows_need(tiny_dir, tmp_path, monkeypatch):
+    """A GB-sized --text was read whole, decoded and tokenized into a list of every id (gigabytes of RAM
+    for windows of a few thousand tokens). Now only its first text_bytes_needed bytes are read, whole
+    lines, and a note says so: the NULs of the 2 GiB hole past them are never read (they were: "holds NUL
+    bytes")."""
+    from trtforge.llm import report as llm_report
+
+    monkeypatch.setattr(llm_report, "TEXT_MIN_BYTES", 16_384, raising=False)
+    source = TEXT.read_bytes()
+    text = _sparse_text(tmp_path / "huge.txt", source[:40_000], 2 << 30)
+    small = SMALL | {"windows": 2, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        tiny_dir, text=text, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    read = source[: source[:16_384].rfind(b"\n") + 1]
+    assert result.windows.text_tokens == len(_tokenizer_of(tiny_dir)(read.decode())["input_ids"])
+    assert any(f"its first {len(read):,} bytes of {2 << 30:,} were read" in n for n in result.report.notes)
+
+
+def _tokenizer_of(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return lambda text: tok(text, add_special_tokens=False)
+
+
+def test_reading_a_huge_text_takes_memory_for_the_part_read_only(tmp_path):
+    """The read itself: a 2 GiB file costs what is read (checked with tracemalloc), and a file of one line
+    is cut before a character the limit splits, never inside one ('é' is two bytes)."""
+    import tracemalloc
+
+    from trtforge.llm.report import _read_text
+
+    text = _sparse_text(tmp_path / "huge.txt", TEXT.read_bytes()[:40_000], 2 << 30)
+    tracemalloc.start()
+    try:
+        got = _read_text(text, 16_384)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.bytes_read <= 16_384 and got.text.endswith("\n") and got.file_size == 2 << 30
+    assert peak < 1 << 20, peak
+    line = tmp_path / "line.txt"
+    line.write_bytes("é".encode() * 1000)
+    assert _read_text(line, 1001).text == "é" * 500
+    assert _read_text(line, 2000).text == "é" * 1000

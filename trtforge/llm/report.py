@@ -148,13 +148,52 @@ def cut_windows(ids: Sequence[int], windows: int, window_len: int, what: str) ->
     return Windows(tokens, starts, calibration, len(ids))
 
 
-def _read_text(text_path: Path) -> str:
-    """The --text file's text; UserError for one that is not UTF-8 text (a binary file, or another
-    encoding), whose perplexity would be measured on replacement characters and say nothing."""
+#: the least of --text read: the whole of any ordinary evaluation text (eval_stdlib.txt is 1 MB)
+TEXT_MIN_BYTES = 16 << 20
+#: bytes a token is allowed when sizing what of --text to read: far more than text takes (code ~3, any
+#: UTF-8 text at most 4 a character), so the part read holds the tokens the windows and prompts need
+_BYTES_PER_TOKEN = 32
+
+
+def text_bytes_needed(windows: int, window_len: int, prompt_len: int) -> int:
+    """The bytes of --text to read: enough for twice the tokens the windows or the speed prompts take
+    (the windows come from the second half), and at least TEXT_MIN_BYTES."""
+    tokens = max(windows * window_len, prompt_len, 0)
+    return max(TEXT_MIN_BYTES, 2 * tokens * _BYTES_PER_TOKEN)
+
+
+@dataclass
+class _Text:
+    """The part of --text read: its text, the bytes it came from and the file's size."""
+
+    text: str
+    bytes_read: int
+    file_size: int
+
+
+def _read_text(text_path: Path, limit: int) -> _Text:
+    """The --text file's text, of its first `limit` bytes at most (cut after the last whole line): a
+    GB-sized text was read whole, decoded and tokenized into a list of every id, gigabytes of RAM for
+    windows that need a few thousand tokens. UserError for one that is not UTF-8 text (a binary file, or
+    another encoding), whose perplexity would be measured on replacement characters and say nothing."""
     try:
-        data = text_path.read_bytes()
+        with open(text_path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(limit + 1)
     except OSError as e:
         raise UserError(f"--text '{text_path}': cannot read it ({e.strerror or e}).") from e
+    if len(data) > limit:  # (more follows: keep whole lines, or whole characters of a file of one line)
+        data = data[:limit]
+        line_end = data.rfind(b"\n")
+        if line_end >= 0:
+            data = data[: line_end + 1]
+        else:  # (the first byte of the last character, and whether the limit split that character)
+            start = len(data) - 1
+            while start > max(len(data) - 4, 0) and data[start] & 0xC0 == 0x80:
+                start -= 1
+            lead = data[start]
+            width = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            data = data[:start] if len(data) - start < width else data
     if b"\0" in data:
         raise UserError(
             f"--text '{text_path}' holds NUL bytes (the first at offset {data.index(0)}): a binary file, "
@@ -170,7 +209,7 @@ def _read_text(text_path: Path) -> str:
         ) from None
     # universal newlines, as read_text gave before the bytes were checked: a CRLF copy of a text (a Windows
     # checkout) was measured on its '\r' tokens, a perplexity of line endings the tokenizer never saw
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    return _Text(text.replace("\r\n", "\n").replace("\r", "\n"), len(data), max(size, len(data)))
 
 
 def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
@@ -728,7 +767,6 @@ def build_llm_report(
     text_path = as_path(text, "--text")
     if not text_path.is_file():
         raise UserError(f"--text '{text_path}' does not exist or is not a file; expected a UTF-8 text file.")
-    content = _read_text(text_path)
     _check_can_create(check_out_dir(out_dir))
     outputs = {f"the report file {name}": Path(out_dir) / name for name in REPORT_FILES}
     refuse_overwriting_inputs(outputs, {"--text file": text_path})  # (it would be replaced by the report)
@@ -770,7 +808,9 @@ def build_llm_report(
             f"--batch {max(int(b) for b in batch_sizes)}: the serving engine runs at most {MAX_NUM_SEQS} "
             "requests at once."
         )
-    ids, special = _tokenize(content, tok_dir)
+    # read once the memory checks passed: of a large file only what the windows and prompts need
+    text_read = _read_text(text_path, text_bytes_needed(windows, window_len, prompt_len))
+    ids, special = _tokenize(text_read.text, tok_dir)
     _check_text_vocabulary(ids, lm, tokenizer)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
     _check_windows_hold_text(w, ids, special, f"--text '{text_path}'")
@@ -843,6 +883,11 @@ def build_llm_report(
         f"variant; serving variants run each window in prompt chunks of {chunk} tokens (later chunks read "
         "the KV cache)."
     )
+    if text_read.bytes_read < text_read.file_size:
+        notes.append(
+            f"--text: its first {text_read.bytes_read:,} bytes of {text_read.file_size:,} were read (whole "
+            "lines), far more than the windows and speed prompts need; the windows lie in their second half."
+        )
     if any(p.status == OK for p in speed):
         notes.append(
             "Speed: the serving engine runs without prefix caching, so every timed request pays its whole "
