@@ -626,3 +626,46 @@ def test_reading_a_huge_text_takes_memory_for_the_part_read_only(tmp_path):
     line.write_bytes("é".encode() * 1000)
     assert _read_text(line, 1001).text == "é" * 500
     assert _read_text(line, 2000).text == "é" * 1000
+
+
+def test_the_windows_kv_weights_and_logits_are_held_against_memory_together(tiny_dir, tmp_path, monkeypatch):
+    """The memory check counted the speed requests' KV cache alone (the logits had a check of their own,
+    each against all of the RAM), so a pool that with the windows' blocks, a copy of the weights and the
+    logits could not fit passed, and the run was killed for memory late. Here 4 MiB of RAM: the logits
+    (2.9 MiB) and the speed KV (32 KiB) each fit, all of it (about 7 MiB) does not."""
+    from trtforge.errors import UserError
+    from trtforge.llm import sizing
+
+    monkeypatch.setattr(sizing, "available_ram", lambda: 4 << 20)
+    small = SMALL | {"windows": 40, "window_len": 64, "batch_sizes": (1, 2)}
+    message = (
+        r"variant fp32 \(4 bytes a KV element\) needs .* GiB at once \(.* GiB of KV cache for --batch 2 "
+        r"requests of --prompt-len 8 \+ --new-tokens 4 tokens at once, .* GiB of KV cache for --windows 40 "
+        r"of --window-len 64 tokens, .* GiB of a copy of the weights, .* GiB of the windows' logits\), more "
+        r"than this machine's 0\.00391 GiB of available RAM; lower --windows or --window-len\."
+    )
+    with pytest.raises(UserError, match=message):
+        build_llm_report(tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_gpu_pool_is_held_against_the_gpus_free_memory(tiny_dir, monkeypatch):
+    """On a GPU the speed KV was held against the card's total memory, weights and other processes left
+    out: a pool that could not be allocated passed, and each serving variant was refused late with
+    "num_blocks N: the KV-cache pool ... cannot be allocated", an option the report has not got."""
+    from trtforge.errors import UserError
+    from trtforge.llm.models.loader import load_causal_lm
+    from trtforge.llm.report import _check_memory_fits
+
+    class Props:
+        total_memory = 80 << 30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (1 << 20, 80 << 30))
+    lm = load_causal_lm(tiny_dir)
+    sizes = {"windows": 2, "window_len": 16, "batch": 64, "prompt_len": 128, "new_tokens": 32}
+    with pytest.raises(
+        UserError, match=r"than this machine's 0\.000977 GiB of free memory of GPU 1; lower --batch"
+    ):
+        _check_memory_fits(lm, ["bf16", "kv-fp8"], "cuda:1", "bf16", **sizes)
+    _check_memory_fits(lm, ["bf16"], "cuda:1", "bf16", **(sizes | {"batch": 1, "prompt_len": 8}))

@@ -226,27 +226,70 @@ def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
         )
 
 
-def _check_batch_fits(batch: int, prompt_len: int, new_tokens: int, lm: Any, device: str) -> None:
-    """UserError when the largest --batch, all its requests submitted at once, needs a KV cache larger
-    than this machine's memory (float32, the widest a variant keeps): --batch 10**9 built a prompt list
-    and a pool of that size and never finished."""
+def _pool_blocks(windows: int, window_len: int, batch: int, speed_len: int) -> int:
+    """KV blocks of a serving variant's pool: every window's at once, the largest batch's requests of
+    `speed_len` tokens at once, and two spare."""
+    return windows * _blocks(window_len, _BLOCK_SIZE) + batch * _blocks(speed_len, _BLOCK_SIZE) + 2
+
+
+def _check_memory_fits(
+    lm: Any,
+    names: Sequence[str],
+    device: str,
+    reference: str,
+    *,
+    windows: int,
+    window_len: int,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+) -> None:
+    """UserError, before any variant runs, when the largest serving variant does not fit the memory free
+    for it: its KV pool (the windows' blocks and the largest --batch's, as `_serving_variant` allocates
+    it, at the widest KV element of the variants asked for), its copy of the weights and, on the CPU, the
+    windows' logits held for scoring. Before: the speed requests' KV alone (float32) was held against
+    the whole machine (a GPU's total memory, weights and windows left out), so a pool that could not fit
+    passed, and every serving variant was refused late as "num_blocks N: ... cannot be allocated" (an
+    option the report has not got), or the CPU run was killed for memory."""
     import torch
 
+    from trtforge.llm.executors.kv_cache import kv_element_bytes
+    from trtforge.llm.models.base import logits_width
     from trtforge.llm.sizing import available_ram, model_kv_block_bytes
 
-    blocks = -(-(prompt_len + new_tokens) // _BLOCK_SIZE)
-    need = batch * blocks * model_kv_block_bytes(lm, _BLOCK_SIZE, 4)
+    serving = [n for n in names if n in SERVING_VARIANTS]
+    if not serving:  # (step graphs run in ONNX Runtime, one window at a time)
+        return
+    dtypes = {n: getattr(torch, FLOAT_DTYPES.get(n, FLOAT_DTYPES[reference])) for n in serving}
+    kv_bytes = {
+        n: kv_element_bytes(SERVING_VARIANTS[n].get("kv_cache_dtype", "auto"), dtypes[n]) for n in serving
+    }
+    widest = max(serving, key=lambda n: kv_bytes[n])
+    block = model_kv_block_bytes(lm, _BLOCK_SIZE, kv_bytes[widest])
+    speed_kv = batch * _blocks(prompt_len + new_tokens, _BLOCK_SIZE) * block
+    window_kv = _pool_blocks(windows, window_len, batch, prompt_len + new_tokens) * block - speed_kv
+    weights = sum(p.numel() for p in lm.parameters()) * max(d.itemsize for d in dtypes.values())
+    parts = {
+        f"KV cache for --batch {batch} requests of --prompt-len {prompt_len} + --new-tokens {new_tokens} "
+        "tokens at once": speed_kv,
+        f"KV cache for --windows {windows} of --window-len {window_len} tokens": window_kv,
+        "a copy of the weights": weights,
+    }
     if device.startswith("cuda"):
         index = torch.device(device).index or 0
-        have, where = torch.cuda.get_device_properties(index).total_memory, f"GPU {index}'s memory"
+        have, where = int(torch.cuda.mem_get_info(index)[0]), f"free memory of GPU {index}"
     else:
+        parts["the windows' logits"] = 4 * windows * window_len * logits_width(lm)
         have, where = available_ram(), "available RAM"
-    if need > have:
-        raise UserError(
-            f"--batch {batch}: {batch} requests of --prompt-len {prompt_len} + --new-tokens {new_tokens} "
-            f"tokens, submitted at once, hold {need / 2**30:.3g} GiB of KV cache (float32), more than this "
-            f"machine's {have / 2**30:.3g} GiB of {where}; lower --batch."
-        )
+    need = sum(parts.values())
+    if need <= have:
+        return
+    lower = "--batch or --prompt-len" if speed_kv >= window_kv else "--windows or --window-len"
+    listed = ", ".join(f"{v / 2**30:.3g} GiB of {k}" for k, v in parts.items())
+    raise UserError(
+        f"variant {widest} ({kv_bytes[widest]} bytes a KV element) needs {need / 2**30:.3g} GiB at once "
+        f"({listed}), more than this machine's {have / 2**30:.3g} GiB of {where}; lower {lower}."
+    )
 
 
 def _check_can_create(out: Path) -> None:
@@ -558,11 +601,7 @@ def _serving_variant(
     length = w.tokens.shape[1]
     speed_len = (speed_args or {}).get("prompt_len", 0) + (speed_args or {}).get("new_tokens", 0)
     bs = _BLOCK_SIZE
-    need = (
-        w.tokens.shape[0] * _blocks(length, bs)
-        + max((speed_args or {}).get("batch_sizes", [1])) * _blocks(speed_len, bs)
-        + 2
-    )
+    need = _pool_blocks(w.tokens.shape[0], length, max((speed_args or {}).get("batch_sizes", [1])), speed_len)
     src = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     try:
         llm = from_pretrained(
@@ -800,7 +839,6 @@ def build_llm_report(
             f"--new-tokens of at most {limit[0]}."
         )
     _check_logits_fit(windows, window_len, logits_width(lm))
-    _check_batch_fits(max(int(b) for b in batch_sizes), prompt_len, new_tokens, lm, device)
     from trtforge.llm.sched.request import MAX_NUM_SEQS
 
     if max(int(b) for b in batch_sizes) > MAX_NUM_SEQS:  # (every serving variant was refused for it)
@@ -808,6 +846,17 @@ def build_llm_report(
             f"--batch {max(int(b) for b in batch_sizes)}: the serving engine runs at most {MAX_NUM_SEQS} "
             "requests at once."
         )
+    _check_memory_fits(
+        lm,
+        names,
+        device,
+        reference,
+        windows=windows,
+        window_len=window_len,
+        batch=max(batch_sizes),
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+    )
     # read once the memory checks passed: of a large file only what the windows and prompts need
     text_read = _read_text(text_path, text_bytes_needed(windows, window_len, prompt_len))
     ids, special = _tokenize(text_read.text, tok_dir)
