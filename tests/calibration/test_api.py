@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import numpy as np
@@ -121,11 +122,11 @@ def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_pat
     q1, rec1 = calibrate_model(m, _data(), method="max", calib_cache=str(cache), progress=False)
     header, _scales = read_calibration_cache(cache)
     lines = cache.read_text().splitlines()
-    assert header.startswith("TRT-") and header.endswith("-MinMaxCalibration")
+    assert header.startswith("TRT-") and header.split()[0].endswith("-MinMaxCalibration")
     name, hexval = lines[1].split(": ")
     assert struct.unpack("!f", bytes.fromhex(hexval))[0] == pytest.approx(rec1.activation_scales[name])
     assert rec1.cache["written"] and not rec1.cache["read"]
-    q2, rec2 = calibrate_model(m, _data(seed=5), method="max", calib_cache=str(cache), progress=False)
+    q2, rec2 = calibrate_model(m, _data(), method="max", calib_cache=str(cache), progress=False)
     assert rec2.cache["read"] and rec2.samples == 0 and rec2.cache["tensors_from_cache"] == 2
     assert q1.SerializeToString() == q2.SerializeToString()
     q3, rec3 = calibrate_model(m, None, method="max", calib_cache=str(cache), progress=False)  # cache alone
@@ -141,6 +142,45 @@ def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_pat
     partial.write_text("\n".join(cache.read_text().splitlines()[:2]) + "\n")
     with pytest.raises(UserError, match="no scale for 1 tensor"):
         calibrate_model(m, None, method="max", calib_cache=str(partial), progress=False)
+
+
+def test_a_cache_of_the_same_graph_with_other_weights_or_data_is_refused(tmp_path):
+    """A cache was keyed by its path alone: one left beside a retrained model (the same graph and tensor
+    names, other weights) or read with other calibration data put those ranges into this model's Q/DQ
+    without a word (q1's scales in a model whose weights are mlp(seed=1)'s). Now its header carries the
+    model's and the data's fingerprints, and a mismatch is refused naming the file and --calib-cache."""
+    cache = tmp_path / "model.calib.cache"
+    calibrate_model(models.mlp(), _data(), method="max", calib_cache=str(cache), progress=False)
+    retrained = models.mlp(seed=1)
+    for data in (_data(), None):
+        with pytest.raises(
+            UserError,
+            match=rf"calibration cache '{re.escape(str(cache))}' was computed for another model "
+            r"\(fingerprint model=[0-9a-f]{32}; this model's graph and weights give [0-9a-f]{32}\).* delete "
+            r"it, or pass a --calib-cache path that does not exist yet",
+        ):
+            calibrate_model(retrained, data, method="max", calib_cache=str(cache), progress=False)
+    with pytest.raises(
+        UserError,
+        match=r"was computed from other calibration data \(fingerprint data=[0-9a-f]{32}; in-memory arrays "
+        r"gives [0-9a-f]{32}\).* To calibrate on this data, delete it, or pass a --calib-cache path",
+    ):
+        calibrate_model(models.mlp(), _data(seed=5), method="max", calib_cache=str(cache), progress=False)
+    header = cache.read_text().splitlines()[0]
+    assert re.fullmatch(r"TRT-\d+-MinMaxCalibration model=[0-9a-f]{32} data=[0-9a-f]{32}", header), header
+    fresh = tmp_path / "retrained.calib.cache"
+    _, rec = calibrate_model(retrained, _data(), method="max", calib_cache=str(fresh), progress=False)
+    assert rec.cache["written"] and rec.samples == 64
+
+
+def test_a_cache_without_a_fingerprint_is_read_as_it_is(tmp_path):
+    """A TensorRT-format cache another tool wrote (no fingerprint in its header) is read as before."""
+    cache = tmp_path / "model.calib.cache"
+    q1, rec1 = calibrate_model(models.mlp(), _data(), method="max", calib_cache=str(cache), progress=False)
+    plain = tmp_path / "plain.cache"
+    plain.write_text(format_cache(rec1.activation_scales, "max"))
+    q2, rec2 = calibrate_model(models.mlp(), None, method="max", calib_cache=str(plain), progress=False)
+    assert rec2.cache["read"] and q2.SerializeToString() == q1.SerializeToString()
 
 
 def test_cache_alone_with_smoothquant_names_the_default_and_the_way_out(tmp_path):
@@ -175,8 +215,11 @@ def test_a_cache_naming_tensors_the_model_lacks_is_refused_not_mixed_in(tmp_path
 def test_cache_text_matches_modelopt_reader(tmp_path):
     calib_utils = pytest.importorskip("modelopt.onnx.quantization.calib_utils")
     p = tmp_path / "c.cache"
-    p.write_text(format_cache({"t": 0.0123}, "entropy"))
-    assert calib_utils.import_scales_from_calib_cache(str(p)) == {"t_scale": pytest.approx(0.0123)}
+    from trtforge.calibration.cache import Fingerprint
+
+    for fingerprint in (None, Fingerprint("ab" * 16, "cd" * 16)):  # (ModelOpt skips the header line)
+        p.write_text(format_cache({"t": 0.0123}, "entropy", fingerprint))
+        assert calib_utils.import_scales_from_calib_cache(str(p)) == {"t_scale": pytest.approx(0.0123)}
 
 
 def test_cache_holds_tensor_names_with_colons_and_refuses_line_breaks(tmp_path):

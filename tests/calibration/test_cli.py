@@ -94,3 +94,20 @@ def test_an_interrupted_write_leaves_no_calib_cache_without_its_model(tmp_path, 
     monkeypatch.undo()
     assert main([*argv, "--calib-cache", str(cache)]) == 0
     assert out.exists() and cache.read_text().startswith("TRT-")
+
+
+def test_a_calib_cache_of_the_model_before_retraining_exits_2_naming_it(tmp_path, model_path, capsys):
+    """The default cache (-o's name, .calib.cache) given back as --calib-cache after the model was
+    retrained (same graph and tensor names, other weights): its stale scales went into the new model's
+    Q/DQ, exit 0. Now exit 2 naming the cache and --calib-cache, and no output is written."""
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((20, 4, 32)).astype(np.float32))
+    argv = ["calibrate", str(model_path), "--data", str(tmp_path / "d.npz"), "--no-smoothquant", "--quiet"]
+    assert main([*argv, "-o", str(tmp_path / "v1.onnx"), "--method", "max"]) == 0
+    cache = tmp_path / "v1.calib.cache"
+    onnx.save(models.mlp(seed=1), model_path)  # retrained
+    out = tmp_path / "v2.onnx"
+    rc = main([*argv, "-o", str(out), "--method", "max", "--calib-cache", str(cache)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"calibration cache '{cache}' was computed for another model" in " ".join(err.split())
+    assert "--calib-cache path that does not exist yet" in " ".join(err.split())
+    assert not out.exists()

@@ -67,6 +67,28 @@ def test_an_npz_is_read_only_for_the_samples_used(tmp_path, monkeypatch, save):
         load_dataset(tmp_path / "d.npz", SPECS)  # every sample used: every sample read and checked
 
 
+@pytest.mark.parametrize("samples", [None, 4], ids=["all-samples", "4-samples"])
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "compressed"])
+def test_a_flipped_byte_inside_an_npz_member_is_refused_naming_the_file_and_member(tmp_path, save, samples):
+    """Before: a stored member was memory-mapped and a compressed one read only as far as the samples
+    used, so zipfile never compared the member's CRC-32 (it does so at the member's end): a byte flipped
+    on disk gave other samples, and other scales, without a word. Now every member used is read to its
+    end once, and its CRC checked."""
+    import zipfile
+
+    x = np.random.default_rng(0).standard_normal((100_000, 4)).astype(np.float32)
+    path = tmp_path / "d.npz"
+    save(path, x=x)
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("x.npy")
+    raw = bytearray(path.read_bytes())
+    data_at = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    raw[data_at + 20_000] ^= 0x40  # (past zipfile's read-ahead of the first rows)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(UserError, match=r"d\.npz': member 'x\.npy' is corrupted: its bytes do not match"):
+        load_dataset(path, [("x", np.dtype(np.float32), (-1, 4))], max_samples=samples)
+
+
 def test_a_directory_is_opened_only_as_far_as_the_samples_used(tmp_path):
     """Unshuffled, the files after those holding --samples samples are not opened (before: every file was
     read whole first); shuffled, every file is opened (shapes only) and the samples picked are read."""

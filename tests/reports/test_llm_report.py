@@ -570,3 +570,102 @@ def test_a_reference_that_was_not_measured_fails_the_check(tiny_dir, tmp_path, c
     doc = json.loads((out / "report.json").read_text())
     assert [t["status"] for t in doc["targets"]] == ["not_run", "not_run"]
     assert cli_main([*argv, "--no-check"]) == 0
+
+
+def _sparse_text(path: Path, text: bytes, size: int) -> Path:
+    """`text`, then a hole to `size` bytes (NULs on reading, no disk): a file of any size at no cost."""
+    with open(path, "wb") as f:
+        f.write(text)
+        f.truncate(size)
+    return path
+
+
+def test_a_huge_text_is_read_only_as_far_as_the_windows_need(tiny_dir, tmp_path, monkeypatch):
+    """A GB-sized --text was read whole, decoded and tokenized into a list of every id (gigabytes of RAM
+    for windows of a few thousand tokens). Now only its first text_bytes_needed bytes are read, whole
+    lines, and a note says so: the NULs of the 2 GiB hole past them are never read (they were: "holds NUL
+    bytes")."""
+    from trtforge.llm import report as llm_report
+
+    monkeypatch.setattr(llm_report, "TEXT_MIN_BYTES", 16_384, raising=False)
+    source = TEXT.read_bytes()
+    text = _sparse_text(tmp_path / "huge.txt", source[:40_000], 2 << 30)
+    small = SMALL | {"windows": 2, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        tiny_dir, text=text, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    read = source[: source[:16_384].rfind(b"\n") + 1]
+    assert result.windows.text_tokens == len(_tokenizer_of(tiny_dir)(read.decode())["input_ids"])
+    assert any(f"its first {len(read):,} bytes of {2 << 30:,} were read" in n for n in result.report.notes)
+
+
+def _tokenizer_of(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return lambda text: tok(text, add_special_tokens=False)
+
+
+def test_reading_a_huge_text_takes_memory_for_the_part_read_only(tmp_path):
+    """The read itself: a 2 GiB file costs what is read (checked with tracemalloc), and a file of one line
+    is cut before a character the limit splits, never inside one ('é' is two bytes)."""
+    import tracemalloc
+
+    from trtforge.llm.report import _read_text
+
+    text = _sparse_text(tmp_path / "huge.txt", TEXT.read_bytes()[:40_000], 2 << 30)
+    tracemalloc.start()
+    try:
+        got = _read_text(text, 16_384)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.bytes_read <= 16_384 and got.text.endswith("\n") and got.file_size == 2 << 30
+    assert peak < 1 << 20, peak
+    line = tmp_path / "line.txt"
+    line.write_bytes("é".encode() * 1000)
+    assert _read_text(line, 1001).text == "é" * 500
+    assert _read_text(line, 2000).text == "é" * 1000
+
+
+def test_the_windows_kv_weights_and_logits_are_held_against_memory_together(tiny_dir, tmp_path, monkeypatch):
+    """The memory check counted the speed requests' KV cache alone (the logits had a check of their own,
+    each against all of the RAM), so a pool that with the windows' blocks, a copy of the weights and the
+    logits could not fit passed, and the run was killed for memory late. Here 4 MiB of RAM: the logits
+    (2.9 MiB) and the speed KV (32 KiB) each fit, all of it (about 7 MiB) does not."""
+    from trtforge.errors import UserError
+    from trtforge.llm import sizing
+
+    monkeypatch.setattr(sizing, "available_ram", lambda: 4 << 20)
+    small = SMALL | {"windows": 40, "window_len": 64, "batch_sizes": (1, 2)}
+    message = (
+        r"variant fp32 \(4 bytes a KV element\) needs .* GiB at once \(.* GiB of KV cache for --batch 2 "
+        r"requests of --prompt-len 8 \+ --new-tokens 4 tokens at once, .* GiB of KV cache for --windows 40 "
+        r"of --window-len 64 tokens, .* GiB of a copy of the weights, .* GiB of the windows' logits\), more "
+        r"than this machine's 0\.00391 GiB of available RAM; lower --windows or --window-len\."
+    )
+    with pytest.raises(UserError, match=message):
+        build_llm_report(tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_gpu_pool_is_held_against_the_gpus_free_memory(tiny_dir, monkeypatch):
+    """On a GPU the speed KV was held against the card's total memory, weights and other processes left
+    out: a pool that could not be allocated passed, and each serving variant was refused late with
+    "num_blocks N: the KV-cache pool ... cannot be allocated", an option the report has not got."""
+    from trtforge.errors import UserError
+    from trtforge.llm.models.loader import load_causal_lm
+    from trtforge.llm.report import _check_memory_fits
+
+    class Props:
+        total_memory = 80 << 30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (1 << 20, 80 << 30))
+    lm = load_causal_lm(tiny_dir)
+    sizes = {"windows": 2, "window_len": 16, "batch": 64, "prompt_len": 128, "new_tokens": 32}
+    with pytest.raises(
+        UserError, match=r"than this machine's 0\.000977 GiB of free memory of GPU 1; lower --batch"
+    ):
+        _check_memory_fits(lm, ["bf16", "kv-fp8"], "cuda:1", "bf16", **sizes)
+    _check_memory_fits(lm, ["bf16"], "cuda:1", "bf16", **(sizes | {"batch": 1, "prompt_len": 8}))

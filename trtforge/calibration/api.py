@@ -8,6 +8,7 @@ sensitive nodes to float until a held-out accuracy target holds; write the cache
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import time
@@ -16,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtforge.calibration.cache import read_calibration_cache, write_calibration_cache
+from trtforge.calibration.cache import (
+    Fingerprint,
+    data_fingerprint,
+    header_algorithm,
+    model_fingerprint,
+    read_calibration_cache,
+    write_calibration_cache,
+)
 from trtforge.calibration.methods import FORMAT_MAX, METHODS, compute_amax, scale_from_amax
 from trtforge.calibration.placement import SUPPORTED_OP_TYPES, Decision, name_nodes, plan_placement
 from trtforge.errors import UserError, checked_call, shown
@@ -122,7 +130,8 @@ def calibrate_model(
 ) -> tuple[onnx.ModelProto, CalibrationRecord]:
     """Quantize `model` to INT8 Q/DQ calibrated on `data` (a CalibrationDataset or anything
     `load_dataset` takes). `calib_cache`: read when the file exists (statistics are skipped for the
-    tensors it holds), else written after calibration. `fmt` "fp8" writes FP8 E4M3 Q/DQ instead
+    tensors it holds; refused when its fingerprint names another model or other data), else written
+    after calibration with the fingerprint (`record.cache`). `fmt` "fp8" writes FP8 E4M3 Q/DQ instead
     (scales amax / 448; no calibration cache: TensorRT's cache format is INT8's). Returns (new model,
     record)."""
     import onnx
@@ -207,6 +216,12 @@ def calibrate_model(
                 f"are too few (need at least {2 * n_hold})."
             )
         dataset, holdout = dataset.split(n_hold)
+    # what the scales are computed for (before SmoothQuant rewrites the graph): the cache's fingerprint
+    fingerprint = None
+    if fmt == "int8":
+        fingerprint = Fingerprint(
+            model_fingerprint(work), data_fingerprint(dataset) if dataset is not None else None
+        )
     targets = plan.targets
     sq_summary = None
     stats_seconds = 0.0
@@ -233,6 +248,7 @@ def calibrate_model(
         header, cached = read_calibration_cache(cache_in)
         _refuse_other_method(header, method, cache_in)
         _refuse_foreign_cache(cached, work, cache_in)
+        _refuse_stale_cache(header, fingerprint, cache_in, dataset)
         scales = {t: cached[t] for t in tensors if t in cached}
     missing = [t for t in tensors if t not in scales]
     n_samples, n_batches, dropped = 0, 0, 0
@@ -268,8 +284,9 @@ def calibrate_model(
     }
     cache_info["tensors_from_cache"] = len(tensors) - len(missing)
     if calib_cache and cache_in is None:
-        write_calibration_cache(calib_cache, used_scales, method)
+        write_calibration_cache(calib_cache, used_scales, method, fingerprint)
     cache_info["written"] = bool(calib_cache and cache_in is None)
+    cache_info["fingerprint"] = dataclasses.asdict(fingerprint) if fingerprint else None
     by_op = Counter(t.op_type for t in targets)
     return quantized, CalibrationRecord(
         format=fmt,
@@ -333,7 +350,7 @@ def _refuse_other_method(header: str, method: str, path: Path) -> None:
     not write (TensorRT's LegacyCalibration, EntropyCalibration) is read as it is."""
     from trtforge.calibration.cache import ALGORITHMS
 
-    algorithm = header.rsplit("-", 1)[-1].strip()
+    algorithm = header_algorithm(header)
     by_algorithm = {v: k for k, v in ALGORITHMS.items()}
     cached = by_algorithm.get(algorithm)
     if cached is not None and cached != method:
@@ -342,6 +359,31 @@ def _refuse_other_method(header: str, method: str, path: Path) -> None:
             f"calibrates with method '{method}': pass method '{cached}' (calibrate --method {cached}, "
             f"compile --calib-method {cached}) to use them, or a --calib-cache path that does not exist "
             "yet to calibrate afresh."
+        )
+
+
+def _refuse_stale_cache(header: str, fingerprint: Fingerprint | None, path: Path, dataset: Any) -> None:
+    """UserError when the cache's header carries a fingerprint of another model (graph or weights: a
+    retrained or re-exported model keeps its tensor names) or, when data is given, of other calibration
+    batches. Before: a cache was keyed by its path alone, so one left beside a changed model put that
+    model's ranges into this one's Q/DQ without a word. A cache without a fingerprint (TensorRT's,
+    ModelOpt's, an older trtforge's) is read as it is."""
+    cached = Fingerprint.from_header(header)
+    if cached is None or fingerprint is None:
+        return
+    fresh = "delete it, or pass a --calib-cache path that does not exist yet (it is written then)"
+    if cached.model != fingerprint.model:
+        raise UserError(
+            f"calibration cache '{path}' was computed for another model (fingerprint model={cached.model}; "
+            f"this model's graph and weights give {fingerprint.model}): its scales are that model's "
+            f"ranges, not this one's. To calibrate this model, {fresh}."
+        )
+    if fingerprint.data is not None and cached.data is not None and cached.data != fingerprint.data:
+        raise UserError(
+            f"calibration cache '{path}' was computed from other calibration data (fingerprint "
+            f"data={cached.data}; {dataset.source} gives {fingerprint.data}): its scales are not this "
+            f"data's. To calibrate on this data, {fresh}; to quantize from the cache's scales as they "
+            "are, give no calibration data (compile without --calib-data, with --no-smoothquant)."
         )
 
 

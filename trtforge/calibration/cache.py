@@ -4,18 +4,31 @@ Format, as TensorRT's calibrators wrote it and as ModelOpt's ``import_scales_fro
 reads it: a header line ``TRT-<version>-<Algorithm>``, then one ``<tensor name>: <scale>`` line per
 tensor, the scale being the float32 (amax / 127) as 8 hex digits of its big-endian bytes
 (``struct.pack('!f', scale).hex()``).
+
+trtforge appends its :class:`Fingerprint` to the header line (``TRT-<version>-<Algorithm> model=<hex>
+data=<hex>``): what the scales were computed for, so that a cache beside a changed model, or read with
+other data, is refused rather than trusted by its name. The header is the one line other readers skip
+(ModelOpt reads every line after it as a tensor), so the body stays TensorRT's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trtforge._fileio import atomic_write_text, check_input_file
 from trtforge.errors import UserError, shown
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 ALGORITHMS = {
     "entropy": "EntropyCalibration2",
@@ -37,9 +50,78 @@ def _trt_version_tag() -> str:
     return "0"
 
 
-def format_cache(scales: dict[str, float], method: str) -> str:
-    """The cache text for `scales` (tensor -> scale) calibrated with `method`."""
-    lines = [f"TRT-{_trt_version_tag()}-{ALGORITHMS.get(method, 'EntropyCalibration2')}"]
+#: hex digits of a fingerprint's sha256 kept in the header
+_DIGITS = 32
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a cache's scales were computed for: the model (graph and weights, :func:`model_fingerprint`)
+    and the calibration batches (:func:`data_fingerprint`; None: not known)."""
+
+    model: str
+    data: str | None = None
+
+    def header_fields(self) -> str:
+        """The fields appended to the cache's header line."""
+        return f"model={self.model}" + (f" data={self.data}" if self.data else "")
+
+    @classmethod
+    def from_header(cls, header: str) -> Fingerprint | None:
+        """The fingerprint a header line carries; None for one written without (TensorRT's, ModelOpt's)."""
+        fields = dict(f.split("=", 1) for f in header.split()[1:] if "=" in f)
+        return cls(fields["model"], fields.get("data")) if "model" in fields else None
+
+
+def header_algorithm(header: str) -> str:
+    """The algorithm a cache header names (``TRT-8501-EntropyCalibration2 ...`` -> EntropyCalibration2)."""
+    return header.split(maxsplit=1)[0].rsplit("-", 1)[-1].strip() if header.strip() else ""
+
+
+def _update(h: Any, kind: str, data: bytes | np.ndarray) -> None:
+    """Feed `data` to `h` with its kind and length, so that no two sequences of parts hash alike."""
+    h.update(f"{kind}:{len(data)}:".encode())
+    h.update(data)
+
+
+def model_fingerprint(model: onnx.ModelProto) -> str:
+    """sha256 (its first hex digits) of `model`'s graph and weights: opsets, inputs, outputs, nodes,
+    initializers and functions, each serialized alone (a model past 2 GB cannot be serialized whole)."""
+    h = hashlib.sha256()
+    g = model.graph
+    for kind, parts in (
+        ("opset", model.opset_import),
+        ("input", g.input),
+        ("output", g.output),
+        ("node", g.node),
+        ("initializer", g.initializer),
+        ("sparse", g.sparse_initializer),
+        ("function", model.functions),
+    ):
+        for part in parts:
+            _update(h, kind, part.SerializeToString(deterministic=True))
+    return h.hexdigest()[:_DIGITS]
+
+
+def data_fingerprint(batches: Iterable[Mapping[str, np.ndarray]]) -> str:
+    """sha256 (its first hex digits) of calibration `batches` as statistics see them: each input's name,
+    dtype, shape and values, batch after batch."""
+    import numpy as np
+
+    h = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            a = np.ascontiguousarray(batch[name])
+            _update(h, "input", f"{name}|{a.dtype.str}|{a.shape}".encode())
+            _update(h, "values", a.reshape(-1).view(np.uint8))  # (bytes, without a copy; 0 of them too)
+    return h.hexdigest()[:_DIGITS]
+
+
+def format_cache(scales: dict[str, float], method: str, fingerprint: Fingerprint | None = None) -> str:
+    """The cache text for `scales` (tensor -> scale) calibrated with `method`, its header carrying
+    `fingerprint` when given."""
+    header = f"TRT-{_trt_version_tag()}-{ALGORITHMS.get(method, 'EntropyCalibration2')}"
+    lines = [f"{header} {fingerprint.header_fields()}" if fingerprint else header]
     for name, scale in scales.items():
         # A line is '<tensor>: <hex>' (readers split at ': '; ours at the last one) and the file is read by
         # lines (str.splitlines breaks at \r, \x85, \u2028 and more, not only \n). A plain ':' is fine:
@@ -54,9 +136,14 @@ def format_cache(scales: dict[str, float], method: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_calibration_cache(path: str | os.PathLike[str], scales: dict[str, float], method: str) -> Path:
-    """Write the cache atomically; returns its path."""
-    atomic_write_text(path, format_cache(scales, method))
+def write_calibration_cache(
+    path: str | os.PathLike[str],
+    scales: dict[str, float],
+    method: str,
+    fingerprint: Fingerprint | None = None,
+) -> Path:
+    """Write the cache atomically, with `fingerprint` in its header; returns its path."""
+    atomic_write_text(path, format_cache(scales, method, fingerprint))
     return Path(path)
 
 

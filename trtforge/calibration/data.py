@@ -2,7 +2,8 @@
 
 Every source is validated against the model's inputs (names, dtypes, ranks, static dims, emptiness,
 NaN/inf) when it is loaded, before any statistics run, so a bad dataset costs seconds, not a
-calibration; of array files only the samples used are read, and checked. Sources:
+calibration; of array files only the samples used are kept, and checked (a .npz member used is read
+through once, a block at a time, for its CRC-32). Sources:
 
 - ``data.npz``: input name -> array with a leading sample axis.
 - a directory of ``.npz`` files (as above) and/or ``<input_name>.npy`` files: the ``.npz`` files in
@@ -75,7 +76,7 @@ def _as_spec(s: TensorSpec | tuple) -> TensorSpec:
 class CalibrationDataset:
     """Validated samples, yielded as batches of feed dicts ``{input_name: np.ndarray}``.
 
-    Array files are read only for the samples used (``.npy`` and numpy.savez's ``.npz`` memory-mapped);
+    Array files are kept only for the samples used (``.npy`` and numpy.savez's ``.npz`` memory-mapped);
     text sources keep sentences and tokenize one batch at a time. Samples with different trailing shapes
     never share a batch.
     """
@@ -223,9 +224,10 @@ def load_dataset(
     """Load and validate calibration data for a model with inputs `input_specs` (see the module doc).
 
     `what` names the data in messages (the option it came from: --precision-data, --data, ...).
-    Of `.npz`/`.npy` files and directories only the samples used are read (and checked for NaN/inf and
-    cast): shapes and dtypes come from the files' headers, and without `shuffle_seed` a directory's files
-    are opened in order only until they hold `max_samples`.
+    Of `.npz`/`.npy` files and directories only the samples used are kept (and checked for NaN/inf and
+    cast; each .npz member used is read through once for its CRC-32, a block at a time): shapes and
+    dtypes come from the files' headers, and without `shuffle_seed` a directory's files are opened in
+    order only until they hold `max_samples`.
     `shuffle_seed` shuffles the samples before `max_samples` takes the first ones: a random subset of a
     file, directory, text or dict of arrays. A module:function or iterable is read to its end and all of
     it shuffled; with `max_samples` too it is refused, since it is read only to its first samples.

@@ -6,6 +6,7 @@ ranks, static dims, equal sample counts, finiteness) and casts it to the model's
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import math
@@ -223,41 +224,79 @@ ZIP_READ_BYTES = 64 << 20
 
 
 class ZipMember:
-    """One compressed array of a .npz (numpy.savez_compressed), read on demand: :meth:`rows` decompresses
-    the member only as far as the last row asked for and keeps only those rows (numpy.load reads a member
-    whole, so 64 samples of a 20 GB file cost 20 GB)."""
+    """One array of a .npz, read on demand, its member's CRC-32 checked whenever rows are taken: a stored
+    one (numpy.savez) is memory-mapped (`mapped`), a compressed one (numpy.savez_compressed) decompressed
+    only as far as the last row asked for, keeping only those rows (numpy.load reads a member whole, so
+    64 samples of a 20 GB file cost 20 GB). The check reads the rest of the member once, ZIP_READ_BYTES
+    at a time: a memory map and a partial read bypass zipfile's check, which runs only when a member is
+    read to its end, so a flipped bit on disk gave wrong samples, and wrong scales, without a word."""
 
-    def __init__(self, path: Path, member: str, shape: tuple[int, ...], dtype: np.dtype, fortran: bool):
+    def __init__(
+        self,
+        path: Path,
+        member: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        fortran: bool,
+        mapped: np.memmap | None = None,
+    ):
         self.path, self.member, self.shape, self.dtype, self.fortran = path, member, shape, dtype, fortran
+        self.mapped = mapped
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
 
     def rows(self, rows: np.ndarray) -> np.ndarray:
-        """Rows `rows` (sorted, unique indices on the sample axis)."""
-        with zipfile.ZipFile(self.path) as z, z.open(self.member) as f:
-            if self.fortran:  # (column-major: every row spans the whole member)
-                return np.ascontiguousarray(np.lib.format.read_array(f, allow_pickle=False)[rows])
-            _npy_header(f)
-            tail = self.shape[1:]
-            row_bytes = self.dtype.itemsize * int(np.prod(tail, dtype=np.int64))
-            out = np.empty((len(rows), *tail), self.dtype)
-            if not len(rows) or row_bytes == 0:
-                return out
-            per = max(1, ZIP_READ_BYTES // row_bytes)  # rows decompressed at a time
-            done = kept = 0
-            while done <= rows[-1]:
-                k = min(per, int(rows[-1]) + 1 - done)
-                buf = f.read(k * row_bytes)
-                if len(buf) != k * row_bytes:
-                    raise EOFError(f"member {self.member} ends after {done + len(buf) // row_bytes} rows")
-                block = np.frombuffer(buf, self.dtype).reshape(k, *tail)
-                want = rows[(rows >= done) & (rows < done + k)]
-                out[kept : kept + len(want)] = block[want - done]
-                kept += len(want)
-                done += k
+        """Rows `rows` (sorted, unique indices on the sample axis), once the member passed its CRC check."""
+        with _crc_checked(self.path, self.member), zipfile.ZipFile(self.path) as z, z.open(self.member) as f:
+            if self.mapped is not None:
+                out = _take_rows(self.mapped, rows)
+            elif self.fortran:  # (column-major: every row spans the whole member)
+                out = np.ascontiguousarray(np.lib.format.read_array(f, allow_pickle=False)[rows])
+            else:
+                _npy_header(f)
+                out = self._pick(f, rows)
+            while f.read(ZIP_READ_BYTES):  # to the member's end, where zipfile compares the CRC-32
+                pass
             return out
+
+    def _pick(self, f: Any, rows: np.ndarray) -> np.ndarray:
+        """Rows `rows` of the C-order member stream `f` (left at its data), read as far as the last."""
+        tail = self.shape[1:]
+        row_bytes = self.dtype.itemsize * int(np.prod(tail, dtype=np.int64))
+        out = np.empty((len(rows), *tail), self.dtype)
+        if not len(rows) or row_bytes == 0:
+            return out
+        per = max(1, ZIP_READ_BYTES // row_bytes)  # rows decompressed at a time
+        done = kept = 0
+        while done <= rows[-1]:
+            k = min(per, int(rows[-1]) + 1 - done)
+            buf = f.read(k * row_bytes)
+            if len(buf) != k * row_bytes:
+                raise EOFError(f"member {self.member} ends after {done + len(buf) // row_bytes} rows")
+            block = np.frombuffer(buf, self.dtype).reshape(k, *tail)
+            want = rows[(rows >= done) & (rows < done + k)]
+            out[kept : kept + len(want)] = block[want - done]
+            kept += len(want)
+            done += k
+        return out
+
+
+@contextlib.contextmanager
+def _crc_checked(path: Path, member: str) -> Iterator[None]:
+    """zipfile's refusal of a member whose bytes do not match its stored CRC-32, as a UserError naming the
+    file and the member."""
+    try:
+        yield
+    except zipfile.BadZipFile as e:
+        if "CRC" not in str(e):
+            raise
+        raise UserError(
+            f"'{path}': member '{member}' is corrupted: its bytes do not match the CRC-32 the .npz stores "
+            "for it (a bit flipped on disk or in a copy), so its samples would be wrong. Write or copy the "
+            "file again."
+        ) from e
 
 
 def _npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -285,8 +324,8 @@ def _check_declared_size(what: str, shape: tuple[int, ...], dtype: np.dtype, hel
 
 
 def open_npz(path: Path, where: str | None = None) -> dict[str, Any]:
-    """Every array of a .npz file without reading its data: an array stored as numpy.savez writes it is
-    memory-mapped, a compressed one (savez_compressed) is a :class:`ZipMember`; never unpickling.
+    """Every array of a .npz file without reading its data, each a :class:`ZipMember` (an array stored as
+    numpy.savez writes it memory-mapped) but a scalar or an empty one (read); never unpickling.
     UserError naming `where` (default: the file) for any way it cannot be read, as :func:`read_npz`."""
     where = where or f"'{path}'"
     check_input_file(path, "calibration array file")  # (a pipe: opened, it waited for a writer forever)
@@ -329,7 +368,8 @@ def open_npz(path: Path, where: str | None = None) -> dict[str, Any]:
                         continue
                 raw_offset = _member_data_offset(path, info) + header
                 order = "F" if fortran else "C"
-                arrays[name] = np.memmap(path, dtype, mode="r", offset=raw_offset, shape=shape, order=order)
+                mapped = np.memmap(path, dtype, mode="r", offset=raw_offset, shape=shape, order=order)
+                arrays[name] = ZipMember(path, info.filename, shape, dtype, fortran, mapped)
         return arrays
     except _READ_ERRORS as e:
         raise _unreadable_npz(where, e) from e

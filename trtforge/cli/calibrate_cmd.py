@@ -94,7 +94,7 @@ def calibrate_cmd(
         show_path,
     )
     from trtforge.calibration.api import calibrate_model
-    from trtforge.calibration.cache import write_calibration_cache
+    from trtforge.calibration.cache import Fingerprint, write_calibration_cache
     from trtforge.calibration.data import data_files, input_specs_from_model, load_dataset
     from trtforge.core.onnx_io import (
         EXTERNAL_DATA_THRESHOLD,
@@ -177,7 +177,9 @@ def calibrate_cmd(
         else:
             save_onnx_atomic(quantized, out)  # > 2 GB: weights beside it in OUTPUT.data
         if default_cache:
-            write_calibration_cache(cache_path, record.activation_scales, method)
+            write_calibration_cache(
+                cache_path, record.activation_scales, method, Fingerprint(**record.cache["fingerprint"])
+            )
             record.cache.update(path=str(cache_path), written=True)
         if report is not None:
             atomic_write_text(report, json_text(record.to_dict()) + "\n")

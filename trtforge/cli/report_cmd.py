@@ -46,9 +46,10 @@ Examples:
 --generate: MODEL is a causal LM (save_pretrained dir or module:factory). Its
 variants are compared with the reference (bf16 on a GPU, fp32 on the CPU):
 perplexity on --text (--windows windows of --window-len tokens from the text's
-second half, the same for every variant), greedy top-1 agreement, KV bytes per
-token, and TTFT / inter-token latency / throughput at each --batch through the
-serving engine. Variants: fp32, bf16, fp16, fp8, int4-awq, int4-rtn,
+second half, the same for every variant; of a larger text only its first 16 MiB,
+or as much as the windows need, is read, in whole lines), greedy top-1
+agreement, KV bytes per token, and TTFT / inter-token latency / throughput at
+each --batch through the serving engine. Variants: fp32, bf16, fp16, fp8, int4-awq, int4-rtn,
 fp8+head-fp8, int4-awq+head-fp8 (the LM head in FP8 too), kv-fp8, fp8+kv-fp8
 (llm.from_pretrained(quantization=..., lm_head_quantization=..., kv_cache_dtype=...))
 and the step graphs onnx-fp32, onnx-int8, onnx-fp8, onnx-int4 (exact ONNX Runtime,

@@ -166,7 +166,8 @@ class PrecisionOptions:
             "--calib-cache",
             path=True,
             help="INT8: TensorRT-format calibration cache: read if it exists (skips statistics), "
-            "else written.",
+            "else written. Its header holds a fingerprint of the model and data it was computed for; "
+            "a cache of another model or other data is refused.",
         ),
     )
     accuracy_target: float | None = field(

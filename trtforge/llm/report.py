@@ -148,13 +148,52 @@ def cut_windows(ids: Sequence[int], windows: int, window_len: int, what: str) ->
     return Windows(tokens, starts, calibration, len(ids))
 
 
-def _read_text(text_path: Path) -> str:
-    """The --text file's text; UserError for one that is not UTF-8 text (a binary file, or another
-    encoding), whose perplexity would be measured on replacement characters and say nothing."""
+#: the least of --text read: the whole of any ordinary evaluation text (eval_stdlib.txt is 1 MB)
+TEXT_MIN_BYTES = 16 << 20
+#: bytes a token is allowed when sizing what of --text to read: far more than text takes (code ~3, any
+#: UTF-8 text at most 4 a character), so the part read holds the tokens the windows and prompts need
+_BYTES_PER_TOKEN = 32
+
+
+def text_bytes_needed(windows: int, window_len: int, prompt_len: int) -> int:
+    """The bytes of --text to read: enough for twice the tokens the windows or the speed prompts take
+    (the windows come from the second half), and at least TEXT_MIN_BYTES."""
+    tokens = max(windows * window_len, prompt_len, 0)
+    return max(TEXT_MIN_BYTES, 2 * tokens * _BYTES_PER_TOKEN)
+
+
+@dataclass
+class _Text:
+    """The part of --text read: its text, the bytes it came from and the file's size."""
+
+    text: str
+    bytes_read: int
+    file_size: int
+
+
+def _read_text(text_path: Path, limit: int) -> _Text:
+    """The --text file's text, of its first `limit` bytes at most (cut after the last whole line): a
+    GB-sized text was read whole, decoded and tokenized into a list of every id, gigabytes of RAM for
+    windows that need a few thousand tokens. UserError for one that is not UTF-8 text (a binary file, or
+    another encoding), whose perplexity would be measured on replacement characters and say nothing."""
     try:
-        data = text_path.read_bytes()
+        with open(text_path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(limit + 1)
     except OSError as e:
         raise UserError(f"--text '{text_path}': cannot read it ({e.strerror or e}).") from e
+    if len(data) > limit:  # (more follows: keep whole lines, or whole characters of a file of one line)
+        data = data[:limit]
+        line_end = data.rfind(b"\n")
+        if line_end >= 0:
+            data = data[: line_end + 1]
+        else:  # (the first byte of the last character, and whether the limit split that character)
+            start = len(data) - 1
+            while start > max(len(data) - 4, 0) and data[start] & 0xC0 == 0x80:
+                start -= 1
+            lead = data[start]
+            width = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            data = data[:start] if len(data) - start < width else data
     if b"\0" in data:
         raise UserError(
             f"--text '{text_path}' holds NUL bytes (the first at offset {data.index(0)}): a binary file, "
@@ -170,7 +209,7 @@ def _read_text(text_path: Path) -> str:
         ) from None
     # universal newlines, as read_text gave before the bytes were checked: a CRLF copy of a text (a Windows
     # checkout) was measured on its '\r' tokens, a perplexity of line endings the tokenizer never saw
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    return _Text(text.replace("\r\n", "\n").replace("\r", "\n"), len(data), max(size, len(data)))
 
 
 def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
@@ -187,27 +226,70 @@ def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
         )
 
 
-def _check_batch_fits(batch: int, prompt_len: int, new_tokens: int, lm: Any, device: str) -> None:
-    """UserError when the largest --batch, all its requests submitted at once, needs a KV cache larger
-    than this machine's memory (float32, the widest a variant keeps): --batch 10**9 built a prompt list
-    and a pool of that size and never finished."""
+def _pool_blocks(windows: int, window_len: int, batch: int, speed_len: int) -> int:
+    """KV blocks of a serving variant's pool: every window's at once, the largest batch's requests of
+    `speed_len` tokens at once, and two spare."""
+    return windows * _blocks(window_len, _BLOCK_SIZE) + batch * _blocks(speed_len, _BLOCK_SIZE) + 2
+
+
+def _check_memory_fits(
+    lm: Any,
+    names: Sequence[str],
+    device: str,
+    reference: str,
+    *,
+    windows: int,
+    window_len: int,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+) -> None:
+    """UserError, before any variant runs, when the largest serving variant does not fit the memory free
+    for it: its KV pool (the windows' blocks and the largest --batch's, as `_serving_variant` allocates
+    it, at the widest KV element of the variants asked for), its copy of the weights and, on the CPU, the
+    windows' logits held for scoring. Before: the speed requests' KV alone (float32) was held against
+    the whole machine (a GPU's total memory, weights and windows left out), so a pool that could not fit
+    passed, and every serving variant was refused late as "num_blocks N: ... cannot be allocated" (an
+    option the report has not got), or the CPU run was killed for memory."""
     import torch
 
+    from trtforge.llm.executors.kv_cache import kv_element_bytes
+    from trtforge.llm.models.base import logits_width
     from trtforge.llm.sizing import available_ram, model_kv_block_bytes
 
-    blocks = -(-(prompt_len + new_tokens) // _BLOCK_SIZE)
-    need = batch * blocks * model_kv_block_bytes(lm, _BLOCK_SIZE, 4)
+    serving = [n for n in names if n in SERVING_VARIANTS]
+    if not serving:  # (step graphs run in ONNX Runtime, one window at a time)
+        return
+    dtypes = {n: getattr(torch, FLOAT_DTYPES.get(n, FLOAT_DTYPES[reference])) for n in serving}
+    kv_bytes = {
+        n: kv_element_bytes(SERVING_VARIANTS[n].get("kv_cache_dtype", "auto"), dtypes[n]) for n in serving
+    }
+    widest = max(serving, key=lambda n: kv_bytes[n])
+    block = model_kv_block_bytes(lm, _BLOCK_SIZE, kv_bytes[widest])
+    speed_kv = batch * _blocks(prompt_len + new_tokens, _BLOCK_SIZE) * block
+    window_kv = _pool_blocks(windows, window_len, batch, prompt_len + new_tokens) * block - speed_kv
+    weights = sum(p.numel() for p in lm.parameters()) * max(d.itemsize for d in dtypes.values())
+    parts = {
+        f"KV cache for --batch {batch} requests of --prompt-len {prompt_len} + --new-tokens {new_tokens} "
+        "tokens at once": speed_kv,
+        f"KV cache for --windows {windows} of --window-len {window_len} tokens": window_kv,
+        "a copy of the weights": weights,
+    }
     if device.startswith("cuda"):
         index = torch.device(device).index or 0
-        have, where = torch.cuda.get_device_properties(index).total_memory, f"GPU {index}'s memory"
+        have, where = int(torch.cuda.mem_get_info(index)[0]), f"free memory of GPU {index}"
     else:
+        parts["the windows' logits"] = 4 * windows * window_len * logits_width(lm)
         have, where = available_ram(), "available RAM"
-    if need > have:
-        raise UserError(
-            f"--batch {batch}: {batch} requests of --prompt-len {prompt_len} + --new-tokens {new_tokens} "
-            f"tokens, submitted at once, hold {need / 2**30:.3g} GiB of KV cache (float32), more than this "
-            f"machine's {have / 2**30:.3g} GiB of {where}; lower --batch."
-        )
+    need = sum(parts.values())
+    if need <= have:
+        return
+    lower = "--batch or --prompt-len" if speed_kv >= window_kv else "--windows or --window-len"
+    listed = ", ".join(f"{v / 2**30:.3g} GiB of {k}" for k, v in parts.items())
+    raise UserError(
+        f"variant {widest} ({kv_bytes[widest]} bytes a KV element) needs {need / 2**30:.3g} GiB at once "
+        f"({listed}), more than this machine's {have / 2**30:.3g} GiB of {where}; lower {lower}."
+    )
 
 
 def _check_can_create(out: Path) -> None:
@@ -519,11 +601,7 @@ def _serving_variant(
     length = w.tokens.shape[1]
     speed_len = (speed_args or {}).get("prompt_len", 0) + (speed_args or {}).get("new_tokens", 0)
     bs = _BLOCK_SIZE
-    need = (
-        w.tokens.shape[0] * _blocks(length, bs)
-        + max((speed_args or {}).get("batch_sizes", [1])) * _blocks(speed_len, bs)
-        + 2
-    )
+    need = _pool_blocks(w.tokens.shape[0], length, max((speed_args or {}).get("batch_sizes", [1])), speed_len)
     src = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     try:
         llm = from_pretrained(
@@ -728,7 +806,6 @@ def build_llm_report(
     text_path = as_path(text, "--text")
     if not text_path.is_file():
         raise UserError(f"--text '{text_path}' does not exist or is not a file; expected a UTF-8 text file.")
-    content = _read_text(text_path)
     _check_can_create(check_out_dir(out_dir))
     outputs = {f"the report file {name}": Path(out_dir) / name for name in REPORT_FILES}
     refuse_overwriting_inputs(outputs, {"--text file": text_path})  # (it would be replaced by the report)
@@ -762,7 +839,6 @@ def build_llm_report(
             f"--new-tokens of at most {limit[0]}."
         )
     _check_logits_fit(windows, window_len, logits_width(lm))
-    _check_batch_fits(max(int(b) for b in batch_sizes), prompt_len, new_tokens, lm, device)
     from trtforge.llm.sched.request import MAX_NUM_SEQS
 
     if max(int(b) for b in batch_sizes) > MAX_NUM_SEQS:  # (every serving variant was refused for it)
@@ -770,7 +846,20 @@ def build_llm_report(
             f"--batch {max(int(b) for b in batch_sizes)}: the serving engine runs at most {MAX_NUM_SEQS} "
             "requests at once."
         )
-    ids, special = _tokenize(content, tok_dir)
+    _check_memory_fits(
+        lm,
+        names,
+        device,
+        reference,
+        windows=windows,
+        window_len=window_len,
+        batch=max(batch_sizes),
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+    )
+    # read once the memory checks passed: of a large file only what the windows and prompts need
+    text_read = _read_text(text_path, text_bytes_needed(windows, window_len, prompt_len))
+    ids, special = _tokenize(text_read.text, tok_dir)
     _check_text_vocabulary(ids, lm, tokenizer)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
     _check_windows_hold_text(w, ids, special, f"--text '{text_path}'")
@@ -843,6 +932,11 @@ def build_llm_report(
         f"variant; serving variants run each window in prompt chunks of {chunk} tokens (later chunks read "
         "the KV cache)."
     )
+    if text_read.bytes_read < text_read.file_size:
+        notes.append(
+            f"--text: its first {text_read.bytes_read:,} bytes of {text_read.file_size:,} were read (whole "
+            "lines), far more than the windows and speed prompts need; the windows lie in their second half."
+        )
     if any(p.status == OK for p in speed):
         notes.append(
             "Speed: the serving engine runs without prefix caching, so every timed request pays its whole "
