@@ -307,8 +307,9 @@ def test_the_write_probe_leaves_nothing_when_interrupted(tmp_path, monkeypatch, 
 
 def test_staged_directory_killed_between_its_renames_is_repaired(tmp_path):
     """A SIGKILL after the old directory was moved aside and before the new one took its place: the
-    next run puts the old one back (then replaces it as usual); a half-written new one is removed."""
-    from trtforge._fileio import recover_staged_directory, staged_directory, temp_name
+    next run puts the old one back (then replaces it as usual); a half-written new one is removed once
+    it is older than DEAD_TEMP_AGE_S (a younger one may be a live writer's, not yet locked)."""
+    from trtforge._fileio import DEAD_TEMP_AGE_S, recover_staged_directory, staged_directory, temp_name
 
     path = tmp_path / "rep"
     old, new = temp_name(path, "old"), temp_name(path, "new")
@@ -316,6 +317,10 @@ def test_staged_directory_killed_between_its_renames_is_repaired(tmp_path):
     (old / "a").write_text("old")
     new.mkdir()
     (new / "a").write_text("half")
+    recover_staged_directory(path)
+    assert (path / "a").read_text() == "old" and not old.exists() and new.exists()
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S
+    os.utime(new, (aged, aged))
     recover_staged_directory(path)
     assert (path / "a").read_text() == "old" and not old.exists() and not new.exists()
     with staged_directory(path) as d:
@@ -799,3 +804,53 @@ def test_a_group_lock_on_a_directory_this_process_holds_as_its_own_does_not_wait
     for fn in (in_work_directory, in_staged_directory, in_scratch_directory):
         assert _finishes(fn), fn.__name__
     assert (tmp_path / "report" / "report.json").read_text() == "{}"
+
+
+def _no_flock(monkeypatch) -> None:
+    """Every flock fails as on a filesystem without it (some NFS mounts: ENOLCK): writers hold nothing."""
+    import errno
+    import fcntl
+
+    def flock(_fd, _op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+@pytest.mark.parametrize("sweep", ["staged file", "staged directory", "work directory"])
+def test_no_sweep_removes_a_live_writers_leftover_where_flock_fails(tmp_path, monkeypatch, sweep) -> None:
+    """On a filesystem whose flock fails (ENOLCK), a live writer's staged file, staged directory or work
+    directory holds no lock, so none can tell it from a killed writer's. Before, each sweep took the
+    descriptor its lock probe returned (holding nothing) for a dead writer's and removed the live writer's
+    file once it was older than the age guard (a model written for more than DEAD_TEMP_AGE_S). Now the
+    sweeps share one test (dead_leftover): a lock it could not take is no dead writer's."""
+    from trtforge._fileio import (
+        DEAD_TEMP_AGE_S,
+        DEAD_WORK_AGE_S,
+        atomic_write_bytes,
+        recover_staged_directory,
+        sweep_dead_work_directories,
+        temp_name,
+    )
+
+    out = tmp_path / "m.onnx"
+    if sweep == "staged file":
+        live = tmp_path / ".m.onnx.abcdefgh.tmp"
+        live.write_bytes(b"half a model")
+    elif sweep == "staged directory":
+        live = temp_name(out, "new.1234.5678")
+        live.mkdir()
+    else:
+        live = tmp_path / "trtforge-abcdefgh"
+        live.mkdir()
+        (live / ".trtforge-work").touch()
+    aged = time.time() - 2 * max(DEAD_TEMP_AGE_S, DEAD_WORK_AGE_S)
+    os.utime(live, (aged, aged))
+    _no_flock(monkeypatch)
+    if sweep == "staged file":
+        atomic_write_bytes(out, b"model")
+    elif sweep == "staged directory":
+        recover_staged_directory(out)
+    else:
+        assert sweep_dead_work_directories(tmp_path) == []
+    assert live.exists()

@@ -337,6 +337,9 @@ _WORK_MARK = ".trtforge-work"
 #: seconds after which an unheld work directory is a killed run's (a live one holds its flock from before
 #: the mark is made; the age only guards what no flock can: a run that has just made its directory)
 DEAD_WORK_AGE_S = 300.0
+#: seconds after which a staged file or directory that no live writer holds is a killed writer's (a live
+#: one takes its flock microseconds after creating it)
+DEAD_TEMP_AGE_S = 5.0
 
 
 @contextlib.contextmanager
@@ -387,37 +390,36 @@ def sweep_dead_work_directories(tmpdir: str | os.PathLike[str] | None = None) ->
         names = os.listdir(parent)
     except OSError:
         return []
-    now, uid, removed = time.time(), os.getuid(), []
+    uid, removed = os.getuid(), []
     for name in names:
         entry = parent / name
-        if not _WORK_NAME.fullmatch(name):
-            continue
         try:
-            st = entry.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or now - st.st_mtime < DEAD_WORK_AGE_S:
+            if not _WORK_NAME.fullmatch(name) or entry.lstat().st_uid != uid:
                 continue
             if not (entry / _WORK_MARK).is_file():
                 continue
-            fd = try_lock(entry)
-        except OSError:  # (not ours to open: not ours to remove)
+        except OSError:  # (gone, or not ours to look into: not ours to remove)
             continue
-        if fd is None or fd < 0:
-            continue  # a live run's (or gone meanwhile)
-        try:
-            for child in entry.iterdir():
-                if child.name != _WORK_MARK:
-                    _remove(child)
-            if os.listdir(entry) != [_WORK_MARK]:  # (what could not be removed keeps its mark: retried)
-                continue
-            with contextlib.suppress(OSError):
-                (entry / _WORK_MARK).unlink()
-                entry.rmdir()
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        removed.append(entry)
+        with dead_leftover(entry, DEAD_WORK_AGE_S) as dead:
+            if dead and _empty_work_directory(entry):
+                removed.append(entry)
     return removed
+
+
+def _empty_work_directory(entry: Path) -> bool:
+    """Remove a dead work directory `entry`, its mark last (so an interrupted removal is finished by the
+    next sweep, and what could not be removed keeps its mark: retried); whether it is gone."""
+    try:
+        for child in entry.iterdir():
+            if child.name != _WORK_MARK:
+                _remove(child)
+        if os.listdir(entry) != [_WORK_MARK]:
+            return False
+        (entry / _WORK_MARK).unlink()
+        entry.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 class _Locked(threading.local):
@@ -891,8 +893,8 @@ def _remove(path: Path) -> None:
 def recover_staged_directory(path: str | os.PathLike[str]) -> None:
     """Repair what a run killed (SIGKILL) inside :func:`staged_directory` left beside `path`: its old
     directory is put back when `path` is missing (the kill came between the two renames), else removed;
-    a half-written new directory is removed unless a live writer still holds it. Call it before looking
-    at `path` (whether it exists)."""
+    a half-written new directory is removed once it is a dead writer's (:func:`dead_leftover`). Call it
+    before looking at `path` (whether it exists)."""
     path = Path(path)
     old = temp_name(path, "old")
     parent = path.parent if str(path.parent) else Path(".")
@@ -904,13 +906,9 @@ def recover_staged_directory(path: str | os.PathLike[str]) -> None:
                 _remove(old)
         stem = temp_name(path, "new").name
         for leftover in parent.glob(glob.escape(stem) + "*"):
-            if not leftover.is_dir() or leftover.is_symlink():
-                continue
-            fd = try_lock(leftover)
-            if fd is not None:  # (a killed writer's: its lock went with it)
-                if fd >= 0:
-                    os.close(fd)
-                shutil.rmtree(leftover, ignore_errors=True)
+            with dead_leftover(leftover, DEAD_TEMP_AGE_S) as dead:
+                if dead and leftover.is_dir():  # (a killed writer's: its lock went with it)
+                    shutil.rmtree(leftover, ignore_errors=True)
 
 
 def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
@@ -944,11 +942,6 @@ def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
     return tmp, cleanup
 
 
-#: seconds after which a staged file or directory that no live writer holds is a killed writer's (a live
-#: one takes its flock microseconds after creating it)
-DEAD_TEMP_AGE_S = 5.0
-
-
 def _sweep_staged(dest: Path) -> None:
     """Remove what writers of `dest` killed before their commit point left beside it (atomic_open's temp
     files, staging directories): those whose flock no live writer holds. Where flock is missing nothing is
@@ -956,7 +949,6 @@ def _sweep_staged(dest: Path) -> None:
     if fcntl is None:
         return
     parent = dest.parent if str(dest.parent) else Path(".")
-    now = time.time()
     files = re.compile(re.escape(f".{dest.name[:40]}.") + r"[a-z0-9_]{8}\.tmp")
     directories = re.compile(re.escape(temp_name(dest, "").name) + r"[a-z0-9_]{8}" + re.escape(_STAGING))
     try:
@@ -968,24 +960,16 @@ def _sweep_staged(dest: Path) -> None:
         is_dir = entry.is_dir() and not entry.is_symlink()
         if not ((files.fullmatch(name) and entry.is_file()) or (directories.fullmatch(name) and is_dir)):
             continue
-        with contextlib.suppress(OSError):  # (a writer locks what it made microseconds after making it)
-            if now - entry.lstat().st_mtime < DEAD_TEMP_AGE_S:
-                continue
-        try:
-            fd = try_lock(entry)
-        except OSError:  # (not ours to open: not ours to remove)
-            continue
-        if fd is None:
-            continue  # a live writer's
-        if fd >= 0:
-            os.close(fd)
-        _remove(entry)
+        with dead_leftover(entry, DEAD_TEMP_AGE_S) as dead:
+            if dead:
+                _remove(entry)
 
 
-def try_lock(path: Path, *, follow: bool = True) -> int | None:
+def try_lock(path: Path, *, follow: bool = True, strict: bool = False) -> int | None:
     """A descriptor of `path` (a file or a directory) holding a non-blocking exclusive flock, for as long
     as it stays open; None when a live process (or another descriptor) holds the lock; -1 when `path` is
-    gone. Where flock is missing, the descriptor holds nothing. Staged outputs are held so while being
+    gone. Where flock is missing, the descriptor holds nothing, unless `strict`: then None there too (no
+    lock taken, so whether a live process holds it is unknown). Staged outputs are held so while being
     written: a recovery that cannot take the lock leaves them to their live writer. Never waits (a pipe's
     open would, for a writer); `follow=False` refuses a symbolic link (OSError)."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
@@ -993,15 +977,47 @@ def try_lock(path: Path, *, follow: bool = True) -> int | None:
         fd = os.open(path, flags)
     except FileNotFoundError:
         return -1
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    if fcntl is None:
+        if strict:
             os.close(fd)
             return None
-        except OSError:  # (a filesystem without flock: nothing is held there)
-            pass
+        return fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:  # (a filesystem without flock: nothing is held there)
+        if strict:
+            os.close(fd)
+            return None
     return fd
+
+
+@contextlib.contextmanager
+def dead_leftover(path: Path, min_age_s: float) -> Iterator[bool]:
+    """Whether `path`, a file or directory a writer holds by an flock while it lives (atomic_open's temp
+    file, a staging, staged or work directory), is a killed writer's leftover: a regular file or a
+    directory (not a link) whose mtime is `min_age_s` old or more (a writer takes its flock just after
+    making it) and whose exclusive flock this process takes now (its writer is gone). The lock is held
+    while the block runs, for the caller to remove `path`. The one test every sweep of dead writers'
+    leftovers makes: where flock is missing or fails (some network filesystems), a live writer's cannot
+    be told apart, so nothing is dead."""
+    fd = None
+    try:
+        st = os.lstat(path)
+        if (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and time.time() - st.st_mtime >= min_age_s:
+            fd = try_lock(path, follow=False, strict=True)
+    except OSError:  # (gone, a link, or not ours to open: not ours to remove)
+        fd = None
+    if fd is not None and fd >= 0 and (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)  # (replaced since its age was read)
+        fd = None
+    try:
+        yield fd is not None and fd >= 0
+    finally:
+        if fd is not None and fd >= 0:
+            os.close(fd)
 
 
 @contextlib.contextmanager
