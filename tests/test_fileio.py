@@ -854,3 +854,61 @@ def test_no_sweep_removes_a_live_writers_leftover_where_flock_fails(tmp_path, mo
     else:
         assert sweep_dead_work_directories(tmp_path) == []
     assert live.exists()
+
+
+_KILLED_AT_THE_COMMIT_POINT = """
+import os, signal, sys
+from pathlib import Path
+import onnx
+import trtforge._fileio as fileio
+from trtforge.calibration.cache import write_calibration_cache
+from trtforge.core.onnx_io import save_onnx_atomic
+real = fileio._write_record
+def killed_at_the_commit_point(record, token, primary, renames):
+    if record == primary:  # (the secondary records are written: the primary's appearance commits)
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(record, token, primary, renames)
+fileio._write_record = killed_at_the_commit_point
+src, model, cache = (Path(a) for a in sys.argv[1:4])
+with fileio.atomic_outputs():
+    if sys.argv[4] == "onnx":
+        save_onnx_atomic(onnx.load(str(src)), model)
+    else:
+        fileio.atomic_write_text(model, "new model")
+    write_calibration_cache(cache, {"x": 0.5}, "max")
+"""
+
+
+@pytest.mark.parametrize("model_kind", ["onnx", "text"])
+def test_a_group_in_two_directories_killed_before_its_commit_point_leaves_nothing_staged(
+    tmp_path, model_kind
+) -> None:
+    """calibrate's model (directory m, the primary) and its cache (directory c), its process killed by
+    SIGKILL after the cache's record was written and before the model's (the commit point). Before, the
+    cache reader rolled the group back in c only (a record reaches no further than its own directory) and
+    removed the record that named the model's staged file (or staging directory: maybe gigabytes), which
+    then stayed in m, named by no record, until the next write of that model. Now the roll-back removes
+    it too when it is a dead writer's (dead_leftover: unlocked and old enough)."""
+    from tests.models import tiny_onnx
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.calibration.cache import read_calibration_cache
+
+    for name in ("m", "c", "src"):
+        (tmp_path / name).mkdir()
+    src = tiny_onnx(tmp_path / "src" / "q.onnx")
+    model, cache = tmp_path / "m" / "q.onnx", tmp_path / "c" / "q.calib.cache"
+    model.write_text("old model")
+    cache.write_text("TRT-0-MinMaxCalibration\nx: 3f800000\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    args = [str(src), str(model), str(cache), model_kind]
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_AT_THE_COMMIT_POINT, *args], env=env, timeout=120, capture_output=True
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert len(os.listdir(tmp_path / "m")) == 2 and len(os.listdir(tmp_path / "c")) == 3  # (+ its record)
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S
+    for p in [*(tmp_path / "m").iterdir(), *(tmp_path / "c").iterdir()]:
+        os.utime(p, (aged, aged))
+    assert read_calibration_cache(cache)[1] == {"x": 1.0}  # (rolled back: the old scales)
+    assert model.read_text() == "old model"
+    assert os.listdir(tmp_path / "m") == ["q.onnx"] and os.listdir(tmp_path / "c") == ["q.calib.cache"]

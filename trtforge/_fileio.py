@@ -779,9 +779,11 @@ def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Pa
     (it is not), then remove its records. Only staged files that are regular files no live process holds
     (by flock) are renamed or deleted: renamed only onto a destination beside which a record of this
     commit stands too, deleted in another directory than `record`'s only there: a record from elsewhere
-    (an unpacked archive) reaches no further than its own directory, nor onto another output there. (What
-    a roll-back leaves in another directory, whose own record the kill came before, the next commit onto
-    that output sweeps.) Everything is checked before anything is renamed. A roll-back that the
+    (an unpacked archive) reaches no further than its own directory, nor onto another output there. A
+    staged file a roll-back cannot reach so (in another directory, whose own record the kill came before)
+    is then removed only as a sweep of its output would remove it (:func:`_remove_dead`), its staging
+    directory with it; a younger one is left to that output's next reader or writer (:func:`_sweep_staged`).
+    Everything is checked before anything is renamed. A roll-back that the
     directory's permissions (or a read-only filesystem) forbid is left undone (False): the old group it
     keeps is whole, so a reader reads it."""
     committed = os.path.lexists(primary) and (_read_record(primary) or ("",))[0] == token
@@ -816,6 +818,10 @@ def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Pa
         # (rolled back: no destination was touched, so the old group stands whole; in a directory this
         # process may not write, the record and staged files stay, hidden, for a writer to clear)
         return False
+    if not committed:
+        for tmp, dest in files:
+            if dest not in reach:  # (what a writer holds: its staged file, or the staging directory of it)
+                _remove_dead(tmp if tmp.parent == dest.parent else tmp.parent)
     return True
 
 
@@ -960,9 +966,20 @@ def _sweep_staged(dest: Path) -> None:
         is_dir = entry.is_dir() and not entry.is_symlink()
         if not ((files.fullmatch(name) and entry.is_file()) or (directories.fullmatch(name) and is_dir)):
             continue
-        with dead_leftover(entry, DEAD_TEMP_AGE_S) as dead:
-            if dead:
-                _remove(entry)
+        _remove_dead(entry)
+
+
+def _remove_dead(path: Path) -> None:
+    """Remove `path` (a staged file, a staging directory) when it is a killed writer's leftover
+    (:func:`dead_leftover`). One this process may not remove (another user's, a read-only directory)
+    stays, hidden, for one that may: a reader or writer of a file beside it is not refused for it."""
+    with dead_leftover(path, DEAD_TEMP_AGE_S) as dead:
+        if dead:
+            try:
+                _remove(path)
+            except OSError as e:
+                if e.errno not in USER_ERRNOS:
+                    raise
 
 
 def try_lock(path: Path, *, follow: bool = True, strict: bool = False) -> int | None:
