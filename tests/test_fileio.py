@@ -912,3 +912,42 @@ def test_a_group_in_two_directories_killed_before_its_commit_point_leaves_nothin
     assert read_calibration_cache(cache)[1] == {"x": 1.0}  # (rolled back: the old scales)
     assert model.read_text() == "old model"
     assert os.listdir(tmp_path / "m") == ["q.onnx"] and os.listdir(tmp_path / "c") == ["q.calib.cache"]
+
+
+@pytest.mark.parametrize("reader", ["inspect", "optimize"])
+def test_a_killed_save_onnx_staging_directory_is_swept_by_the_next_reader(tmp_path, capsys, reader) -> None:
+    """`compile --save-onnx s.onnx` killed by SIGKILL while saving left its staging directory beside
+    the s.onnx of an earlier run (the new model, maybe gigabytes of its data file). Before, only the next
+    write of s.onnx swept it: `inspect s.onnx` or `optimize s.onnx` read the old model and left it for
+    good. Now a model reader sweeps it too, as a writer does (dead ones only: a live writer's stays)."""
+    from tests.models import tiny_onnx
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.cli.main import main
+
+    (tmp_path / "src").mkdir()
+    src = tiny_onnx(tmp_path / "src" / "m.onnx")
+    d = tmp_path / "out"
+    d.mkdir()
+    out = d / "s.onnx"
+    out.write_bytes(src.read_bytes())
+    dead = _saver_stopped_in_save_onnx_atomic(src, out)
+    live = _saver_stopped_in_save_onnx_atomic(src, out)
+    try:
+        dead.kill()
+        dead.wait()
+        staged = [p for p in d.iterdir() if p != out]
+        assert len(staged) == 2
+        aged = time.time() - 2 * DEAD_TEMP_AGE_S
+        for p in staged:
+            os.utime(p, (aged, aged))
+        argv = (
+            ["inspect", str(out)] if reader == "inspect" else ["optimize", str(out), "-o", str(d / "o.onnx")]
+        )
+        rc = main(argv)
+        assert rc == 0, capsys.readouterr()
+        left = sorted(p for p in d.iterdir() if p.name != "o.onnx")
+        assert len(left) == 2 and out in left
+        assert all(p in staged for p in left if p != out)  # (the live writer's)
+    finally:
+        live.kill()
+        live.wait()

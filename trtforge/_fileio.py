@@ -24,7 +24,8 @@ onto a destination without that commit's record beside it, a staged file that is
 a UserError naming it, nothing renamed or deleted; a staged file a live process holds is never touched,
 and a roll-back a read-only directory forbids is left undone (the old group stands whole). What a kill
 before the commit point leaves (staged files no record names, each flocked while its writer lives) is
-hidden, never read as an output, and swept by the next commit onto that output.
+hidden, never read as an output, and swept (:func:`dead_leftover`) by the next commit onto that output,
+the next read of it as a model (:func:`check_input_file`'s `sweep`), or the roll-back of its group.
 """
 
 from __future__ import annotations
@@ -134,14 +135,20 @@ def _encodes(text: str) -> bool:
     return True
 
 
-def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> Path:
+def check_input_file(path: str | os.PathLike[str], what: str = "input file", *, sweep: bool = False) -> Path:
     """An existing, readable regular file with a UTF-8 name, else a UserError saying which it is not.
-    An interrupted group commit onto it is settled first (:func:`settle_commit`)."""
+    An interrupted group commit onto it is settled first (:func:`settle_commit`); with `sweep`, what its
+    writers killed before their commit point left beside it is removed too (:func:`_sweep_staged`), as
+    its next writer would: a model's reader, so that a killed compile --save-onnx's staged copy of it is
+    not left for good where that path is never written again. (A sweep lists the directory: a command's
+    model, not each of many data files.)"""
     as_input_path(path, what)
     if not str(path):
         raise UserError(f"{what}: the path is empty.")
     p = Path(path)
     settle_commit(p)
+    if sweep and p.name not in ("", ".", ".."):
+        _sweep_staged(p)
     try:
         st = p.stat()
     except FileNotFoundError:
