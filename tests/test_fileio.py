@@ -298,6 +298,7 @@ def test_the_write_probe_leaves_nothing_when_interrupted(tmp_path, monkeypatch, 
         return made
 
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.delattr(os, "O_TMPFILE", raising=False)  # (the named probe, where a filesystem has no other)
     with pytest.raises(KeyboardInterrupt):
         check_output_path(tmp_path / "m.engine", force=False)
     with pytest.raises(KeyboardInterrupt), atomic_open(tmp_path / "m.json", "w") as f:
@@ -951,3 +952,35 @@ def test_a_killed_save_onnx_staging_directory_is_swept_by_the_next_reader(tmp_pa
     finally:
         live.kill()
         live.wait()
+
+
+_KILLED_IN_THE_WRITE_PROBE = """
+import os, signal, sys
+from trtforge._fileio import check_output_path
+real = os.open
+def open_then_killed(path, flags, *args, **kwargs):
+    fd = real(path, flags, *args, **kwargs)
+    if flags & (os.O_CREAT | getattr(os, "O_TMPFILE", 0)) and os.fspath(path).startswith(sys.argv[1]):
+        os.kill(os.getpid(), signal.SIGKILL)  # (the probe made, not yet removed)
+    return fd
+os.open = open_then_killed
+check_output_path(os.path.join(sys.argv[1], "m.engine"), force=False)
+"""
+
+
+def test_a_write_probe_killed_midway_leaves_nothing(tmp_path) -> None:
+    """check_output_path probes that the output's directory is writable by making a file there. Before, a
+    SIGKILL (the OOM killer, `kill -9` of a command just started) between its creation and its removal
+    left a `.trtforge-probe-XXXXXXXX` there for good: nothing sweeps that name. Now the probe is an
+    unnamed file (O_TMPFILE) where the filesystem has them, which no kill can leave behind."""
+    if not hasattr(os, "O_TMPFILE"):
+        pytest.skip("no O_TMPFILE on this platform: the probe is a named file, removed with interrupts held")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_IN_THE_WRITE_PROBE, str(tmp_path)],
+        env=env,
+        timeout=60,
+        capture_output=True,
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert os.listdir(tmp_path) == []

@@ -230,17 +230,33 @@ def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = 
     if not parent.is_dir():
         missing = "is a file, not a directory" if parent.exists() else "does not exist"
         raise UserError(f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' {missing}.")
-    try:  # a real probe (os.access says yes to root even on read-only or special filesystems), made and
-        with signals_deferred():  # removed with interrupts held: one between the two left it behind
-            fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=parent)
-            os.close(fd)
-            os.unlink(probe)
+    try:
+        _probe_writable(parent)
     except OSError as e:
         raise UserError(
             f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' is not writable "
             f"({e.strerror})."
         ) from e
     return p
+
+
+def _probe_writable(directory: Path) -> None:
+    """Make a file in `directory` and let it go, OSError when that cannot be done: a real probe (os.access
+    says yes to root even on read-only or special filesystems). An unnamed file (O_TMPFILE), where the
+    filesystem has them, which nothing (not even a SIGKILL) can leave behind; elsewhere a named one, made
+    and removed with interrupts held (one between the two left it behind)."""
+    unnamed = getattr(os, "O_TMPFILE", 0)
+    if unnamed:
+        try:
+            os.close(os.open(directory, unnamed | os.O_WRONLY, 0o600))
+            return
+        except OSError as e:  # (a filesystem or kernel without it: the named probe below)
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+    with signals_deferred():
+        fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
 
 
 def temp_name(path: Path, tag: str) -> Path:
