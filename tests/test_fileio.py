@@ -984,3 +984,29 @@ def test_a_write_probe_killed_midway_leaves_nothing(tmp_path) -> None:
     )
     assert proc.returncode == -9, proc.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_writers_calibration_cache_temp_file_is_swept_by_the_cache_reader(tmp_path) -> None:
+    """calibrate killed by SIGKILL before its commit point left the cache's staged `.q.calib.cache.*.tmp`
+    beside the old cache (found by killing calibrate after each filesystem change). Before, only the next
+    write of that cache swept it; compile --calib-cache (its reader) left it. Now the reader sweeps it too
+    (dead ones only: a live writer's stays), as the model's reader does the model's."""
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.calibration.cache import read_calibration_cache
+
+    cache = tmp_path / "q.calib.cache"
+    cache.write_text("TRT-0-MinMaxCalibration\nx: 3f800000\n")
+    dead, live = _writer_inside_atomic_open(cache), _writer_inside_atomic_open(cache)
+    try:
+        dead.kill()
+        dead.wait()
+        staged = [p for p in tmp_path.iterdir() if p != cache]
+        aged = time.time() - 2 * DEAD_TEMP_AGE_S
+        for p in staged:
+            os.utime(p, (aged, aged))
+        assert read_calibration_cache(cache)[1] == {"x": 1.0}
+        left = [p for p in tmp_path.iterdir() if p != cache]
+        assert len(staged) == 2 and len(left) == 1 and left[0] in staged
+    finally:
+        live.kill()
+        live.wait()
