@@ -1010,3 +1010,50 @@ def test_a_killed_writers_calibration_cache_temp_file_is_swept_by_the_cache_read
     finally:
         live.kill()
         live.wait()
+
+
+_KILLED_WRITING_A_RECORD = """
+import os, signal, sys
+from pathlib import Path
+import trtforge._fileio as fileio
+from trtforge.calibration.cache import write_calibration_cache
+real = os.replace
+def replace(src, dst, *args, **kwargs):
+    if str(src).endswith(".commit.part"):  # (the secondary record written, not yet in place)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(src, dst, *args, **kwargs)
+os.replace = replace
+model, cache = Path(sys.argv[1]), Path(sys.argv[2])
+with fileio.atomic_outputs():
+    fileio.atomic_write_text(model, "new model")
+    write_calibration_cache(cache, {"x": 0.5}, "max")
+"""
+
+
+def test_a_commit_record_half_written_by_a_killed_writer_is_swept(tmp_path) -> None:
+    """calibrate killed by SIGKILL while its cache's commit record was being written (as its `.part`, to
+    appear whole by a rename): before, the `.trtforge-h.commit.part` stayed beside the cache for good
+    (found by killing calibrate at random moments); nothing but a later commit onto that cache, which
+    wrote over it, touched that name. Now the part is flocked while written, and swept as a dead writer's
+    staged file is: by the cache's reader here, the model's reader sweeping the model's staged file."""
+    from trtforge._fileio import DEAD_TEMP_AGE_S, check_input_file
+    from trtforge.calibration.cache import read_calibration_cache
+
+    model, cache = tmp_path / "q.onnx", tmp_path / "q.calib.cache"
+    model.write_text("old model")
+    cache.write_text("TRT-0-MinMaxCalibration\nx: 3f800000\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITING_A_RECORD, str(model), str(cache)],
+        env=env,
+        timeout=120,
+        capture_output=True,
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert any(p.name.endswith(".commit.part") for p in tmp_path.iterdir())
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S
+    for p in tmp_path.iterdir():
+        os.utime(p, (aged, aged))
+    assert read_calibration_cache(cache)[1] == {"x": 1.0}
+    check_input_file(model, sweep=True)
+    assert sorted(os.listdir(tmp_path)) == ["q.calib.cache", "q.onnx"]

@@ -6,26 +6,26 @@ read-only directory is the user's to fix (UserError naming the path), not an int
 Groups of files (a model and its external data, a model and its calibration cache, an engine and its
 manifest with compile's --save-onnx) are committed as one, crash-safe even against SIGKILL
 (:func:`atomic_outputs`, :func:`commit_staged`). Each file is written complete under a temp name first.
-Then, holding the :func:`directory_lock` of every destination directory and SIGINT/SIGTERM back, the
-commit writes a record (JSON: a token, the primary record's path, and each staged file with its
-destination, as paths relative to the record's directory) beside each destination `D/N` as
-`D/.trtforge-h.commit` (`h` a hash of `N`, :func:`temp_name`), each written as `.commit.part` and renamed
-so it appears whole: the secondary records first, then the first destination's (the primary). The
-primary's appearance is the commit point. It then renames the staged files onto their destinations and
-removes the records, secondaries first. Whoever next touches a destination (:func:`check_input_file`, so
-every model reader, :func:`check_output_path`, so every writer, the calibration cache reader and the
-engine readers, by :func:`settle_commit`: one stat when there is no record) finds an interrupted commit
-by its record and settles it under the same locks: with the primary record there (same token) it renames
-the staged files still there (roll forward), without it it deletes them (roll back); then it removes the
-records. So a group reads as the old one or the new one, never a mix. A record is data on disk (one may
-come from an unpacked archive): a damaged one, or one naming what no commit of its destinations could
-(a staged file that is no trtforge staged name beside its destination, an absolute path, a roll forward
-onto a destination without that commit's record beside it, a staged file that is no regular file), is
-a UserError naming it, nothing renamed or deleted; a staged file a live process holds is never touched,
-and a roll-back a read-only directory forbids is left undone (the old group stands whole). What a kill
-before the commit point leaves (staged files no record names, each flocked while its writer lives) is
-hidden, never read as an output, and swept (:func:`dead_leftover`) by the next commit onto that output,
-the next read of it as a model (:func:`check_input_file`'s `sweep`), or the roll-back of its group.
+Then, holding the :func:`directory_lock` of every destination directory and SIGINT/SIGTERM back, the commit
+writes a record (JSON: a token, the primary record's path, and each staged file with its destination, as
+paths relative to the record's directory) beside each destination `D/N` as `D/.trtforge-h.commit` (`h` a
+hash of `N`, :func:`temp_name`), each written as `.commit.part` (flocked) and renamed so it appears whole:
+the secondary records first, then the first destination's (the primary). The primary's appearance is the
+commit point. It then renames the staged files onto their destinations and removes the records, secondaries
+first. Whoever next touches a destination (:func:`check_input_file`, so every model reader,
+:func:`check_output_path`, so every writer, the calibration cache reader and the engine readers, by
+:func:`settle_commit`: one stat when there is no record) finds an interrupted commit by its record and
+settles it under the same locks: with the primary record there (same token) it renames the staged files
+still there (roll forward), without it it deletes them (roll back); then it removes the records. So a group
+reads as the old one or the new one, never a mix. A record is data on disk (one may come from an unpacked
+archive): a damaged one, or one naming what no commit of its destinations could (a staged file that is no
+trtforge staged name beside its destination, an absolute path, a roll forward onto a destination without
+that commit's record beside it, a staged file that is no regular file), is a UserError naming it, nothing
+renamed or deleted; a staged file a live process holds is never touched, and a roll-back a read-only
+directory forbids is left undone (the old group stands whole). What a kill before the commit point leaves
+(staged files no record names, each flocked while its writer lives) is hidden, never read as an output, and
+swept (:func:`dead_leftover`) by the next commit onto that output, the next read of it as a model or cache
+(:func:`check_input_file`'s `sweep`), or the roll-back of its group.
 """
 
 from __future__ import annotations
@@ -634,8 +634,12 @@ def _write_record(record: Path, token: str, primary: Path, renames: list[tuple[P
         }
     )  # (ensure_ascii: the surrogates of undecodable name bytes round-trip)
     part = record.with_name(record.name + ".part")
-    write_synced(part, text.encode("ascii"))
-    os.replace(part, record)
+    with contextlib.suppress(FileNotFoundError):
+        part.unlink()  # (a killed commit's: ours is made new, so its age and its flock are ours)
+    output = next((dest for _, dest in renames if temp_name(dest, _COMMIT) == record), record)
+    with contextlib.ExitStack() as held:  # (flocked while written: a sweep tells a killed writer's part)
+        write_locked(part, text.encode("ascii"), held, output)
+        os.replace(part, record)
 
 
 def _read_record(record: Path) -> tuple[str, Path, list[tuple[Path, Path]]] | None:
@@ -973,12 +977,13 @@ def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
 
 def _sweep_staged(dest: Path) -> None:
     """Remove what writers of `dest` killed before their commit point left beside it (atomic_open's temp
-    files, staging directories): those whose flock no live writer holds. Where flock is missing nothing is
-    swept (a live writer's could not be told apart)."""
+    files, staging directories, a half-written commit record's part): those whose flock no live writer
+    holds. Where flock is missing nothing is swept (a live writer's could not be told apart)."""
     if fcntl is None:
         return
     parent = dest.parent if str(dest.parent) else Path(".")
-    files = re.compile(re.escape(f".{dest.name[:40]}.") + r"[a-z0-9_]{8}\.tmp")
+    part = temp_name(dest, _COMMIT).name + ".part"
+    files = re.compile(re.escape(f".{dest.name[:40]}.") + r"[a-z0-9_]{8}\.tmp|" + re.escape(part))
     directories = re.compile(re.escape(temp_name(dest, "").name) + r"[a-z0-9_]{8}" + re.escape(_STAGING))
     try:
         names = os.listdir(parent)
@@ -1127,6 +1132,27 @@ def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> I
         forget()
         if held is not None and held >= 0:
             os.close(held)
+
+
+def write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: Path) -> None:
+    """Create `path` (staged for `target`), flock it for as long as `held` lasts (the lock follows the file
+    through renames), write `data` and fsync. The lock tells a sweep of dead writers' leftovers (and
+    :func:`~trtforge.core.manifest.resolve_pending`) its writer is alive. A user's OSError names `target`."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
+    held.callback(os.close, fd)
+    if fcntl is not None:
+        with contextlib.suppress(OSError):  # (no flock here, some NFS: no lock, and nothing is swept)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except OSError as e:
+        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
 
 
 def write_synced(path: Path, data: bytes) -> None:

@@ -227,7 +227,7 @@ def test_outputs_staged_beside_a_publish_land_with_the_pair_or_not_at_all(tmp_pa
     out = _old_pair(tmp_path)
     extra = tmp_path / "model.onnx"
     extra.write_text("old model")
-    real = manifest_mod._write_locked
+    real = manifest_mod.write_locked
 
     def interrupted_at_the_manifest(path, data, held, target):
         if target == manifest_path_for(out):
@@ -239,12 +239,12 @@ def test_outputs_staged_beside_a_publish_land_with_the_pair_or_not_at_all(tmp_pa
             atomic_write_text(extra, "new model")
             publish_engine(out, NEW, _manifest(out, NEW))
 
-    monkeypatch.setattr(manifest_mod, "_write_locked", interrupted_at_the_manifest)
+    monkeypatch.setattr(manifest_mod, "write_locked", interrupted_at_the_manifest)
     with pytest.raises(KeyboardInterrupt):
         compile_publishing()
     assert (_loaded(out), extra.read_text()) == (OLD, "old model")
     assert _names(tmp_path) == ["m.engine", "m.engine.json", "model.onnx"]
-    monkeypatch.setattr(manifest_mod, "_write_locked", real)
+    monkeypatch.setattr(manifest_mod, "write_locked", real)
     with atomic_outputs():
         atomic_write_text(extra, "new model")
         publish_engine(out, NEW, _manifest(out, NEW))

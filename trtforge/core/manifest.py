@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import (
-    USER_ERRNOS,
     as_path,
     atomic_write_text,
     check_input_file,
@@ -53,6 +52,7 @@ from trtforge._fileio import (
     staged_files,
     temp_name,
     try_lock,
+    write_locked,
 )
 from trtforge.core.tensor_spec import TensorSpec
 from trtforge.errors import UserError
@@ -367,8 +367,8 @@ def publish_engine(
     pair = [(staged, out), (part, mpath)]
     with contextlib.ExitStack() as held:
         try:
-            _write_locked(staged, data, held, out)
-            _write_locked(part, manifest.to_json().encode(), held, mpath)
+            write_locked(staged, data, held, out)
+            write_locked(part, manifest.to_json().encode(), held, mpath)
             # another compile to the same engine commits and renames its pair before or after this one,
             # not between (taken before the commit point: an interrupt while waiting keeps the old pair)
             settle_commit(out, mpath)  # (a dead compile's, before the locks)
@@ -394,27 +394,6 @@ def _refuse_existing(paths: list[Path]) -> None:
                 "exist when the compile started); it is left as that run wrote it. Pass --force "
                 "(force=True) to overwrite it."
             )
-
-
-def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: Path) -> None:
-    """Create `path` (staged for `target`), flock it for as long as `held` lasts (the lock follows the file
-    through renames), write `data` and fsync. The lock tells :func:`resolve_pending` its writer is alive."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as e:
-        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
-    held.callback(os.close, fd)
-    with contextlib.suppress(ImportError, OSError):  # no flock (non-POSIX, some NFS): no lock
-        import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    view = memoryview(data)
-    try:
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except OSError as e:
-        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
 
 
 def resolve_pending(engine_path: str | os.PathLike[str]) -> bool:
