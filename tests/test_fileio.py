@@ -1057,3 +1057,51 @@ def test_a_commit_record_half_written_by_a_killed_writer_is_swept(tmp_path) -> N
     assert read_calibration_cache(cache)[1] == {"x": 1.0}
     check_input_file(model, sweep=True)
     assert sorted(os.listdir(tmp_path)) == ["q.calib.cache", "q.onnx"]
+
+
+_KILLED_REMOVING_THE_RECORDS = """
+import os, signal, sys
+from pathlib import Path
+import onnx
+import trtforge._fileio as fileio
+import trtforge.core.onnx_io as onnx_io
+onnx_io._has_external = lambda model: True  # (its weights in OUT.data, as for a model over 1.8 GB)
+out = Path(sys.argv[2])
+primary, real = fileio.temp_name(out.with_name(out.name + ".data"), "commit"), fileio._unlink_record
+def unlink_record(record, token):
+    if record == primary:  # (every file renamed, the secondary record removed: the primary's turn)
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(record, token)
+fileio._unlink_record = unlink_record
+onnx_io.save_onnx_atomic(onnx.load(sys.argv[1]), out)
+"""
+
+
+def test_a_model_reader_settles_the_commit_record_of_its_data_file(tmp_path) -> None:
+    """A model saved with its weights in OUT.onnx.data (optimize, calibrate over 1.8 GB, compile
+    --save-onnx) commits the data file first, so the data file's record is the group's primary, removed
+    last. A SIGKILL after the model's record was removed and before the primary's (found by killing
+    calibrate after each filesystem change) left `.trtforge-h.commit` beside them for good: the model's
+    reader settled only the model's own record. Now it settles its data file's too."""
+    from tests.cli.test_kill9_optimize import _model
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.core.onnx_io import load_onnx
+
+    (tmp_path / "src").mkdir()
+    src = _model(tmp_path / "src" / "m.onnx", 1)  # (16 KiB of weights: the data file holds them)
+    d = tmp_path / "out"
+    d.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_REMOVING_THE_RECORDS, str(src), str(d / "s.onnx")],
+        env=env,
+        timeout=120,
+        capture_output=True,
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert any(p.name.endswith(".commit") for p in d.iterdir())
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S  # (its empty staging directory: swept once that old)
+    for p in d.iterdir():
+        os.utime(p, (aged, aged))
+    assert load_onnx(d / "s.onnx").graph.node
+    assert sorted(os.listdir(d)) == ["s.onnx", "s.onnx.data"]
