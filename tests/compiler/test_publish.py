@@ -127,6 +127,24 @@ def test_live_publisher_is_left_alone(tmp_path) -> None:
     assert _loaded(out) == NEW and _names(tmp_path) == ["m.engine", "m.engine.json"]
 
 
+def test_a_live_publisher_is_left_alone_where_flock_fails(tmp_path, monkeypatch) -> None:
+    """On a filesystem whose flock fails (ENOLCK, some NFS mounts) a live publisher's staged engine holds
+    no lock. Before, resolve_pending (run by every compile before it publishes) took the descriptor its
+    lock probe returned, holding nothing, for a dead publisher's and deleted the files another compile to
+    the same engine was still writing (its commit then failed on a missing file). Now a lock it could not
+    take is no dead publisher's, as for every sweep of dead writers' files."""
+    import fcntl
+
+    def flock(_fd, _op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    out = _old_pair(tmp_path)
+    staged, _ = _stage(out, NEW, record=False)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    assert not resolve_pending(out)
+    assert staged.read_bytes() == NEW and _loaded(out) == OLD
+
+
 def test_failure_before_commit_keeps_old_pair(tmp_path, monkeypatch) -> None:
     out = _old_pair(tmp_path)
 

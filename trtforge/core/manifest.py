@@ -398,7 +398,8 @@ def _refuse_existing(paths: list[Path]) -> None:
 
 def resolve_pending(engine_path: str | os.PathLike[str]) -> bool:
     """Settle the staged files of dead publishers of `engine_path`: finish a committed publish whose
-    engine matches its record, delete everything else (see the module doc). Live publishers are left be.
+    engine matches its record, delete everything else (see the module doc). Live publishers are left be
+    (where flock fails, as on some NFS mounts, none can be told from a dead one: all are left).
     True when it settled a dead publisher's staged files (it lists the directory to find them)."""
     out = Path(engine_path)
     if not out.name:  # '', '.', '/': no file is published there (it was temp_name's ValueError)
@@ -414,10 +415,10 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> bool:
     settled = False
     for token in sorted(tokens):
         files = {kind: temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART)}
-        fds = [try_lock(p) for p in files.values()]
+        fds = [try_lock(p, strict=True) for p in files.values()]
         try:
             if None in fds:
-                continue  # a live compile is publishing
+                continue  # a live compile is publishing (or no flock here tells it from a dead one)
             with directory_lock([parent]):  # (not between a live compile's two renames)
                 _settle(out, files[_ENGINE], files[_RECORD], files[_PART])
                 settled = True
