@@ -308,9 +308,8 @@ def test_the_write_probe_leaves_nothing_when_interrupted(tmp_path, monkeypatch, 
 
 def test_staged_directory_killed_between_its_renames_is_repaired(tmp_path):
     """A SIGKILL after the old directory was moved aside and before the new one took its place: the
-    next run puts the old one back (then replaces it as usual); a half-written new one is removed once
-    it is older than DEAD_TEMP_AGE_S (a younger one may be a live writer's, not yet locked)."""
-    from trtforge._fileio import DEAD_TEMP_AGE_S, recover_staged_directory, staged_directory, temp_name
+    next run puts the old one back (then replaces it as usual); a half-written new one is removed."""
+    from trtforge._fileio import recover_staged_directory, staged_directory, temp_name
 
     path = tmp_path / "rep"
     old, new = temp_name(path, "old"), temp_name(path, "new")
@@ -318,10 +317,6 @@ def test_staged_directory_killed_between_its_renames_is_repaired(tmp_path):
     (old / "a").write_text("old")
     new.mkdir()
     (new / "a").write_text("half")
-    recover_staged_directory(path)
-    assert (path / "a").read_text() == "old" and not old.exists() and new.exists()
-    aged = time.time() - 2 * DEAD_TEMP_AGE_S
-    os.utime(new, (aged, aged))
     recover_staged_directory(path)
     assert (path / "a").read_text() == "old" and not old.exists() and not new.exists()
     with staged_directory(path) as d:

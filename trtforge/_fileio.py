@@ -926,8 +926,9 @@ def _remove(path: Path) -> None:
 def recover_staged_directory(path: str | os.PathLike[str]) -> None:
     """Repair what a run killed (SIGKILL) inside :func:`staged_directory` left beside `path`: its old
     directory is put back when `path` is missing (the kill came between the two renames), else removed;
-    a half-written new directory is removed once it is a dead writer's (:func:`dead_leftover`). Call it
-    before looking at `path` (whether it exists)."""
+    a half-written new directory is removed when it is a dead writer's (:func:`dead_leftover`; at any
+    age, since a writer makes and flocks it under the parent's lock this takes). Call it before looking at
+    `path` (whether it exists)."""
     path = Path(path)
     old = temp_name(path, "old")
     parent = path.parent if str(path.parent) else Path(".")
@@ -938,8 +939,8 @@ def recover_staged_directory(path: str | os.PathLike[str]) -> None:
             else:
                 _remove(old)
         stem = temp_name(path, "new").name
-        for leftover in parent.glob(glob.escape(stem) + "*"):
-            with dead_leftover(leftover, DEAD_TEMP_AGE_S) as dead:
+        for leftover in parent.glob(glob.escape(stem) + "*"):  # (each made and flocked under this lock:
+            with dead_leftover(leftover, 0.0) as dead:  # unlocked here, it is a dead writer's at any age)
                 if dead and leftover.is_dir():  # (a killed writer's: its lock went with it)
                     shutil.rmtree(leftover, ignore_errors=True)
 
