@@ -1100,3 +1100,48 @@ def test_a_model_reader_settles_the_commit_record_of_its_data_file(tmp_path) -> 
         os.utime(p, (aged, aged))
     assert load_onnx(d / "s.onnx").graph.node
     assert sorted(os.listdir(d)) == ["s.onnx", "s.onnx.data"]
+
+
+_KILLED_WRITING_THE_REPORTS_RECORD = """
+import os, signal, sys
+from pathlib import Path
+import trtforge._fileio as fileio
+real = os.replace
+def replace(src, dst, *args, **kwargs):
+    if str(src).endswith(".commit.part") and Path(src).parent.name == "r":
+        os.kill(os.getpid(), signal.SIGKILL)  # (the cache's record is in place, the report's half written)
+    return real(src, dst, *args, **kwargs)
+os.replace = replace
+with fileio.atomic_outputs():
+    for out in sys.argv[1:]:
+        fileio.atomic_write_text(Path(out), "new " + Path(out).name)
+"""
+
+
+def test_a_roll_back_removes_the_half_written_record_of_an_output_elsewhere(tmp_path) -> None:
+    """calibrate's model (m, the primary), cache (c) and --report (r), killed by SIGKILL while the report's
+    commit record was being written (its `.part`), the cache's record in place. The cache's reader rolls
+    the group back; before, the report's staged file went (a dead writer's, in another directory) but the
+    `.part` of its record stayed in r for good (found by killing calibrate after each filesystem change:
+    nothing reads a report to sweep it). Now the roll-back removes it too, when dead."""
+    from trtforge._fileio import DEAD_TEMP_AGE_S, check_input_file
+
+    outs = [tmp_path / "m" / "q.onnx", tmp_path / "c" / "q.calib.cache", tmp_path / "r" / "rec.json"]
+    for out in outs:
+        out.parent.mkdir()
+        out.write_text("old " + out.name)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITING_THE_REPORTS_RECORD, *map(str, outs)],
+        env=env,
+        timeout=120,
+        capture_output=True,
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert any(p.name.endswith(".commit.part") for p in (tmp_path / "r").iterdir())
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S
+    for p in tmp_path.rglob("*"):
+        os.utime(p, (aged, aged))
+    check_input_file(outs[1])  # (no sweep: what the roll-back itself removes)
+    assert [p.read_text() for p in outs] == ["old q.onnx", "old q.calib.cache", "old rec.json"]
+    assert [os.listdir(out.parent) for out in outs] == [["q.onnx"], ["q.calib.cache"], ["rec.json"]]

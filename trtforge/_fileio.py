@@ -618,6 +618,11 @@ def _real(path: Path) -> str:
     return os.path.join(os.path.realpath(path.parent if str(path.parent) else "."), path.name)
 
 
+def _record_part(record: Path) -> Path:
+    """The name commit record `record` is written under before it is renamed into place whole."""
+    return record.with_name(record.name + ".part")
+
+
 def _write_record(record: Path, token: str, primary: Path, renames: list[tuple[Path, Path]]) -> None:
     """Write the commit record `record` whole (as its .part, fsynced, then renamed into place)."""
     base = os.path.dirname(_real(record))
@@ -633,7 +638,7 @@ def _write_record(record: Path, token: str, primary: Path, renames: list[tuple[P
             "files": [[rel(tmp), rel(dest)] for tmp, dest in renames],
         }
     )  # (ensure_ascii: the surrogates of undecodable name bytes round-trip)
-    part = record.with_name(record.name + ".part")
+    part = _record_part(record)
     with contextlib.suppress(FileNotFoundError):
         part.unlink()  # (a killed commit's: ours is made new, so its age and its flock are ours)
     output = next((dest for _, dest in renames if temp_name(dest, _COMMIT) == record), record)
@@ -763,7 +768,7 @@ def _is_staged_name(tmp: Path, dest: Path, prefixes: set[str]) -> bool:
 def _unlink_record(record: Path, token: str) -> None:
     """Remove `record` (and its .part) if it is the commit record of `token`."""
     with contextlib.suppress(FileNotFoundError):
-        record.with_name(record.name + ".part").unlink()
+        _record_part(record).unlink()
     found = _read_record(record)
     if found is not None and found[0] == token:
         record.unlink()
@@ -803,14 +808,14 @@ def settle_commit(*paths: str | os.PathLike[str]) -> None:
 
 def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Path, Path]]) -> bool:
     """Roll the group of commit `token` (read from `record`) forward (its primary record is there) or back
-    (it is not), then remove its records. Only staged files that are regular files no live process holds
-    (by flock) are renamed or deleted: renamed only onto a destination beside which a record of this
-    commit stands too, deleted in another directory than `record`'s only there: a record from elsewhere
-    (an unpacked archive) reaches no further than its own directory, nor onto another output there. A
-    staged file a roll-back cannot reach so (in another directory, whose own record the kill came before)
-    is then removed only as a sweep of its output would remove it (:func:`_remove_dead`), its staging
-    directory with it; a younger one is left to that output's next reader or writer (:func:`_sweep_staged`).
-    Everything is checked before anything is renamed. A roll-back that the
+    (it is not), then remove its records. Only staged files that are regular files no live process holds (by
+    flock) are renamed or deleted: renamed only onto a destination beside which a record of this commit
+    stands too, deleted in another directory than `record`'s only there: a record from elsewhere (an
+    unpacked archive) reaches no further than its own directory, nor onto another output there. A staged
+    file a roll-back cannot reach so (in another directory, whose own record the kill came before) is then
+    removed only as a sweep of its output would remove it (:func:`_remove_dead`), its staging directory
+    and its record's half-written part with it; a younger one is left to that output's next reader or
+    writer (:func:`_sweep_staged`). Everything is checked before anything is renamed. A roll-back that the
     directory's permissions (or a read-only filesystem) forbid is left undone (False): the old group it
     keeps is whole, so a reader reads it."""
     committed = os.path.lexists(primary) and (_read_record(primary) or ("",))[0] == token
@@ -847,8 +852,9 @@ def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Pa
         return False
     if not committed:
         for tmp, dest in files:
-            if dest not in reach:  # (what a writer holds: its staged file, or the staging directory of it)
-                _remove_dead(tmp if tmp.parent == dest.parent else tmp.parent)
+            if dest not in reach:  # (what a writer holds: its staged file or the staging directory of it,
+                _remove_dead(tmp if tmp.parent == dest.parent else tmp.parent)  # and its record's part)
+                _remove_dead(_record_part(temp_name(dest, _COMMIT)))
     return True
 
 
@@ -983,7 +989,7 @@ def _sweep_staged(dest: Path) -> None:
     if fcntl is None:
         return
     parent = dest.parent if str(dest.parent) else Path(".")
-    part = temp_name(dest, _COMMIT).name + ".part"
+    part = _record_part(temp_name(dest, _COMMIT)).name
     files = re.compile(re.escape(f".{dest.name[:40]}.") + r"[a-z0-9_]{8}\.tmp|" + re.escape(part))
     directories = re.compile(re.escape(temp_name(dest, "").name) + r"[a-z0-9_]{8}" + re.escape(_STAGING))
     try:
