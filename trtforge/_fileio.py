@@ -945,10 +945,36 @@ def recover_staged_directory(path: str | os.PathLike[str]) -> None:
             else:
                 _remove(old)
         stem = temp_name(path, "new").name
-        for leftover in parent.glob(glob.escape(stem) + "*"):  # (each made and flocked under this lock:
-            with dead_leftover(leftover, 0.0) as dead:  # unlocked here, it is a dead writer's at any age)
-                if dead and leftover.is_dir():  # (a killed writer's: its lock went with it)
-                    shutil.rmtree(leftover, ignore_errors=True)
+        for leftover in parent.glob(glob.escape(stem) + "*"):
+            _remove_dead_new(leftover)
+
+
+#: the new directories of :func:`staged_directory` (`temp_name(path, "new.PID.THREAD")`), of any `path`
+_STAGED_NEW = re.compile(r"\.trtforge-[0-9a-f]{12}\.new\.[0-9]+\.[0-9]+")
+
+
+def sweep_staged_directories(parent: str | os.PathLike[str]) -> None:
+    """Remove the new directories that writers killed inside :func:`staged_directory` left in `parent`,
+    whatever path each was staged for (:func:`recover_staged_directory` looks for one path's only): an
+    `export-triton --version N` killed while writing left the plan inside the model directory, which only
+    an export of that same version then removed."""
+    parent = Path(parent)
+    with directory_lock([parent]), signals_deferred():
+        try:
+            names = os.listdir(parent)
+        except OSError:  # (no directory: nothing was staged in it)
+            return
+        for name in names:
+            if _STAGED_NEW.fullmatch(name):
+                _remove_dead_new(parent / name)
+
+
+def _remove_dead_new(leftover: Path) -> None:
+    """Remove a :func:`staged_directory` new directory that is a killed writer's; the caller holds its
+    parent's lock, under which a writer makes and flocks it, so an unlocked one is dead at any age."""
+    with dead_leftover(leftover, 0.0) as dead:
+        if dead and leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
