@@ -298,6 +298,7 @@ def test_the_write_probe_leaves_nothing_when_interrupted(tmp_path, monkeypatch, 
         return made
 
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.delattr(os, "O_TMPFILE", raising=False)  # (the named probe, where a filesystem has no other)
     with pytest.raises(KeyboardInterrupt):
         check_output_path(tmp_path / "m.engine", force=False)
     with pytest.raises(KeyboardInterrupt), atomic_open(tmp_path / "m.json", "w") as f:
@@ -799,3 +800,348 @@ def test_a_group_lock_on_a_directory_this_process_holds_as_its_own_does_not_wait
     for fn in (in_work_directory, in_staged_directory, in_scratch_directory):
         assert _finishes(fn), fn.__name__
     assert (tmp_path / "report" / "report.json").read_text() == "{}"
+
+
+def _no_flock(monkeypatch) -> None:
+    """Every flock fails as on a filesystem without it (some NFS mounts: ENOLCK): writers hold nothing."""
+    import errno
+    import fcntl
+
+    def flock(_fd, _op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+@pytest.mark.parametrize("sweep", ["staged file", "staged directory", "work directory"])
+def test_no_sweep_removes_a_live_writers_leftover_where_flock_fails(tmp_path, monkeypatch, sweep) -> None:
+    """On a filesystem whose flock fails (ENOLCK), a live writer's staged file, staged directory or work
+    directory holds no lock, so none can tell it from a killed writer's. Before, each sweep took the
+    descriptor its lock probe returned (holding nothing) for a dead writer's and removed the live writer's
+    file once it was older than the age guard (a model written for more than DEAD_TEMP_AGE_S). Now the
+    sweeps share one test (dead_leftover): a lock it could not take is no dead writer's."""
+    from trtforge._fileio import (
+        DEAD_TEMP_AGE_S,
+        DEAD_WORK_AGE_S,
+        atomic_write_bytes,
+        recover_staged_directory,
+        sweep_dead_work_directories,
+        temp_name,
+    )
+
+    out = tmp_path / "m.onnx"
+    if sweep == "staged file":
+        live = tmp_path / ".m.onnx.abcdefgh.tmp"
+        live.write_bytes(b"half a model")
+    elif sweep == "staged directory":
+        live = temp_name(out, "new.1234.5678")
+        live.mkdir()
+    else:
+        live = tmp_path / "trtforge-abcdefgh"
+        live.mkdir()
+        (live / ".trtforge-work").touch()
+    aged = time.time() - 2 * max(DEAD_TEMP_AGE_S, DEAD_WORK_AGE_S)
+    os.utime(live, (aged, aged))
+    _no_flock(monkeypatch)
+    if sweep == "staged file":
+        atomic_write_bytes(out, b"model")
+    elif sweep == "staged directory":
+        recover_staged_directory(out)
+    else:
+        assert sweep_dead_work_directories(tmp_path) == []
+    assert live.exists()
+
+
+_KILLED_AT_THE_COMMIT_POINT = """
+import os, signal, sys
+from pathlib import Path
+import onnx
+import trtforge._fileio as fileio
+from trtforge.calibration.cache import write_calibration_cache
+from trtforge.core.onnx_io import save_onnx_atomic
+real = fileio._write_record
+def killed_at_the_commit_point(record, token, primary, renames):
+    if record == primary:  # (the secondary records are written: the primary's appearance commits)
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(record, token, primary, renames)
+fileio._write_record = killed_at_the_commit_point
+src, model, cache = (Path(a) for a in sys.argv[1:4])
+with fileio.atomic_outputs():
+    if sys.argv[4] == "onnx":
+        save_onnx_atomic(onnx.load(str(src)), model)
+    else:
+        fileio.atomic_write_text(model, "new model")
+    write_calibration_cache(cache, {"x": 0.5}, "max")
+"""
+
+
+@pytest.mark.parametrize("model_kind", ["onnx", "text"])
+def test_a_group_in_two_directories_killed_before_its_commit_point_leaves_nothing_staged(
+    tmp_path, model_kind
+) -> None:
+    """calibrate's model (directory m, the primary) and its cache (directory c), its process killed by
+    SIGKILL after the cache's record was written and before the model's (the commit point). Before, the
+    cache reader rolled the group back in c only (a record reaches no further than its own directory) and
+    removed the record that named the model's staged file (or staging directory: maybe gigabytes), which
+    then stayed in m, named by no record, until the next write of that model. Now the roll-back removes
+    it too when it is a dead writer's (dead_leftover: unlocked and old enough)."""
+    from tests.models import tiny_onnx
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.calibration.cache import read_calibration_cache
+
+    for name in ("m", "c", "src"):
+        (tmp_path / name).mkdir()
+    src = tiny_onnx(tmp_path / "src" / "q.onnx")
+    model, cache = tmp_path / "m" / "q.onnx", tmp_path / "c" / "q.calib.cache"
+    model.write_text("old model")
+    cache.write_text("TRT-0-MinMaxCalibration\nx: 3f800000\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    args = [str(src), str(model), str(cache), model_kind]
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_AT_THE_COMMIT_POINT, *args], env=env, timeout=120, capture_output=True
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert len(os.listdir(tmp_path / "m")) == 2 and len(os.listdir(tmp_path / "c")) == 3  # (+ its record)
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S
+    for p in [*(tmp_path / "m").iterdir(), *(tmp_path / "c").iterdir()]:
+        os.utime(p, (aged, aged))
+    assert read_calibration_cache(cache)[1] == {"x": 1.0}  # (rolled back: the old scales)
+    assert model.read_text() == "old model"
+    assert os.listdir(tmp_path / "m") == ["q.onnx"] and os.listdir(tmp_path / "c") == ["q.calib.cache"]
+
+
+@pytest.mark.parametrize("reader", ["inspect", "optimize"])
+def test_a_killed_save_onnx_staging_directory_is_swept_by_the_next_reader(tmp_path, capsys, reader) -> None:
+    """`compile --save-onnx s.onnx` killed by SIGKILL while saving left its staging directory beside
+    the s.onnx of an earlier run (the new model, maybe gigabytes of its data file). Before, only the next
+    write of s.onnx swept it: `inspect s.onnx` or `optimize s.onnx` read the old model and left it for
+    good. Now a model reader sweeps it too, as a writer does (dead ones only: a live writer's stays)."""
+    from tests.models import tiny_onnx
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.cli.main import main
+
+    (tmp_path / "src").mkdir()
+    src = tiny_onnx(tmp_path / "src" / "m.onnx")
+    d = tmp_path / "out"
+    d.mkdir()
+    out = d / "s.onnx"
+    out.write_bytes(src.read_bytes())
+    dead = _saver_stopped_in_save_onnx_atomic(src, out)
+    live = _saver_stopped_in_save_onnx_atomic(src, out)
+    try:
+        dead.kill()
+        dead.wait()
+        staged = [p for p in d.iterdir() if p != out]
+        assert len(staged) == 2
+        aged = time.time() - 2 * DEAD_TEMP_AGE_S
+        for p in staged:
+            os.utime(p, (aged, aged))
+        argv = (
+            ["inspect", str(out)] if reader == "inspect" else ["optimize", str(out), "-o", str(d / "o.onnx")]
+        )
+        rc = main(argv)
+        assert rc == 0, capsys.readouterr()
+        left = sorted(p for p in d.iterdir() if p.name != "o.onnx")
+        assert len(left) == 2 and out in left
+        assert all(p in staged for p in left if p != out)  # (the live writer's)
+    finally:
+        live.kill()
+        live.wait()
+
+
+_KILLED_IN_THE_WRITE_PROBE = """
+import os, signal, sys
+from trtforge._fileio import check_output_path
+real = os.open
+def open_then_killed(path, flags, *args, **kwargs):
+    fd = real(path, flags, *args, **kwargs)
+    if flags & (os.O_CREAT | getattr(os, "O_TMPFILE", 0)) and os.fspath(path).startswith(sys.argv[1]):
+        os.kill(os.getpid(), signal.SIGKILL)  # (the probe made, not yet removed)
+    return fd
+os.open = open_then_killed
+check_output_path(os.path.join(sys.argv[1], "m.engine"), force=False)
+"""
+
+
+def test_a_write_probe_killed_midway_leaves_nothing(tmp_path) -> None:
+    """check_output_path probes that the output's directory is writable by making a file there. Before, a
+    SIGKILL (the OOM killer, `kill -9` of a command just started) between its creation and its removal
+    left a `.trtforge-probe-XXXXXXXX` there for good: nothing sweeps that name. Now the probe is an
+    unnamed file (O_TMPFILE) where the filesystem has them, which no kill can leave behind."""
+    if not hasattr(os, "O_TMPFILE"):
+        pytest.skip("no O_TMPFILE on this platform: the probe is a named file, removed with interrupts held")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_IN_THE_WRITE_PROBE, str(tmp_path)],
+        env=env,
+        timeout=60,
+        capture_output=True,
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_writers_calibration_cache_temp_file_is_swept_by_the_cache_reader(tmp_path) -> None:
+    """calibrate killed by SIGKILL before its commit point left the cache's staged `.q.calib.cache.*.tmp`
+    beside the old cache (found by killing calibrate after each filesystem change). Before, only the next
+    write of that cache swept it; compile --calib-cache (its reader) left it. Now the reader sweeps it too
+    (dead ones only: a live writer's stays), as the model's reader does the model's."""
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.calibration.cache import read_calibration_cache
+
+    cache = tmp_path / "q.calib.cache"
+    cache.write_text("TRT-0-MinMaxCalibration\nx: 3f800000\n")
+    dead, live = _writer_inside_atomic_open(cache), _writer_inside_atomic_open(cache)
+    try:
+        dead.kill()
+        dead.wait()
+        staged = [p for p in tmp_path.iterdir() if p != cache]
+        aged = time.time() - 2 * DEAD_TEMP_AGE_S
+        for p in staged:
+            os.utime(p, (aged, aged))
+        assert read_calibration_cache(cache)[1] == {"x": 1.0}
+        left = [p for p in tmp_path.iterdir() if p != cache]
+        assert len(staged) == 2 and len(left) == 1 and left[0] in staged
+    finally:
+        live.kill()
+        live.wait()
+
+
+_KILLED_WRITING_A_RECORD = """
+import os, signal, sys
+from pathlib import Path
+import trtforge._fileio as fileio
+from trtforge.calibration.cache import write_calibration_cache
+real = os.replace
+def replace(src, dst, *args, **kwargs):
+    if str(src).endswith(".commit.part"):  # (the secondary record written, not yet in place)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(src, dst, *args, **kwargs)
+os.replace = replace
+model, cache = Path(sys.argv[1]), Path(sys.argv[2])
+with fileio.atomic_outputs():
+    fileio.atomic_write_text(model, "new model")
+    write_calibration_cache(cache, {"x": 0.5}, "max")
+"""
+
+
+def test_a_commit_record_half_written_by_a_killed_writer_is_swept(tmp_path) -> None:
+    """calibrate killed by SIGKILL while its cache's commit record was being written (as its `.part`, to
+    appear whole by a rename): before, the `.trtforge-h.commit.part` stayed beside the cache for good
+    (found by killing calibrate at random moments); nothing but a later commit onto that cache, which
+    wrote over it, touched that name. Now the part is flocked while written, and swept as a dead writer's
+    staged file is: by the cache's reader here, the model's reader sweeping the model's staged file."""
+    from trtforge._fileio import DEAD_TEMP_AGE_S, check_input_file
+    from trtforge.calibration.cache import read_calibration_cache
+
+    model, cache = tmp_path / "q.onnx", tmp_path / "q.calib.cache"
+    model.write_text("old model")
+    cache.write_text("TRT-0-MinMaxCalibration\nx: 3f800000\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITING_A_RECORD, str(model), str(cache)],
+        env=env,
+        timeout=120,
+        capture_output=True,
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert any(p.name.endswith(".commit.part") for p in tmp_path.iterdir())
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S
+    for p in tmp_path.iterdir():
+        os.utime(p, (aged, aged))
+    assert read_calibration_cache(cache)[1] == {"x": 1.0}
+    check_input_file(model, sweep=True)
+    assert sorted(os.listdir(tmp_path)) == ["q.calib.cache", "q.onnx"]
+
+
+_KILLED_REMOVING_THE_RECORDS = """
+import os, signal, sys
+from pathlib import Path
+import onnx
+import trtforge._fileio as fileio
+import trtforge.core.onnx_io as onnx_io
+onnx_io._has_external = lambda model: True  # (its weights in OUT.data, as for a model over 1.8 GB)
+out = Path(sys.argv[2])
+primary, real = fileio.temp_name(out.with_name(out.name + ".data"), "commit"), fileio._unlink_record
+def unlink_record(record, token):
+    if record == primary:  # (every file renamed, the secondary record removed: the primary's turn)
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(record, token)
+fileio._unlink_record = unlink_record
+onnx_io.save_onnx_atomic(onnx.load(sys.argv[1]), out)
+"""
+
+
+def test_a_model_reader_settles_the_commit_record_of_its_data_file(tmp_path) -> None:
+    """A model saved with its weights in OUT.onnx.data (optimize, calibrate over 1.8 GB, compile
+    --save-onnx) commits the data file first, so the data file's record is the group's primary, removed
+    last. A SIGKILL after the model's record was removed and before the primary's (found by killing
+    calibrate after each filesystem change) left `.trtforge-h.commit` beside them for good: the model's
+    reader settled only the model's own record. Now it settles its data file's too."""
+    from tests.cli.test_kill9_optimize import _model
+    from trtforge._fileio import DEAD_TEMP_AGE_S
+    from trtforge.core.onnx_io import load_onnx
+
+    (tmp_path / "src").mkdir()
+    src = _model(tmp_path / "src" / "m.onnx", 1)  # (16 KiB of weights: the data file holds them)
+    d = tmp_path / "out"
+    d.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_REMOVING_THE_RECORDS, str(src), str(d / "s.onnx")],
+        env=env,
+        timeout=120,
+        capture_output=True,
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert any(p.name.endswith(".commit") for p in d.iterdir())
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S  # (its empty staging directory: swept once that old)
+    for p in d.iterdir():
+        os.utime(p, (aged, aged))
+    assert load_onnx(d / "s.onnx").graph.node
+    assert sorted(os.listdir(d)) == ["s.onnx", "s.onnx.data"]
+
+
+_KILLED_WRITING_THE_REPORTS_RECORD = """
+import os, signal, sys
+from pathlib import Path
+import trtforge._fileio as fileio
+real = os.replace
+def replace(src, dst, *args, **kwargs):
+    if str(src).endswith(".commit.part") and Path(src).parent.name == "r":
+        os.kill(os.getpid(), signal.SIGKILL)  # (the cache's record is in place, the report's half written)
+    return real(src, dst, *args, **kwargs)
+os.replace = replace
+with fileio.atomic_outputs():
+    for out in sys.argv[1:]:
+        fileio.atomic_write_text(Path(out), "new " + Path(out).name)
+"""
+
+
+def test_a_roll_back_removes_the_half_written_record_of_an_output_elsewhere(tmp_path) -> None:
+    """calibrate's model (m, the primary), cache (c) and --report (r), killed by SIGKILL while the report's
+    commit record was being written (its `.part`), the cache's record in place. The cache's reader rolls
+    the group back; before, the report's staged file went (a dead writer's, in another directory) but the
+    `.part` of its record stayed in r for good (found by killing calibrate after each filesystem change:
+    nothing reads a report to sweep it). Now the roll-back removes it too, when dead."""
+    from trtforge._fileio import DEAD_TEMP_AGE_S, check_input_file
+
+    outs = [tmp_path / "m" / "q.onnx", tmp_path / "c" / "q.calib.cache", tmp_path / "r" / "rec.json"]
+    for out in outs:
+        out.parent.mkdir()
+        out.write_text("old " + out.name)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITING_THE_REPORTS_RECORD, *map(str, outs)],
+        env=env,
+        timeout=120,
+        capture_output=True,
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert any(p.name.endswith(".commit.part") for p in (tmp_path / "r").iterdir())
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S
+    for p in tmp_path.rglob("*"):
+        os.utime(p, (aged, aged))
+    check_input_file(outs[1])  # (no sweep: what the roll-back itself removes)
+    assert [p.read_text() for p in outs] == ["old q.onnx", "old q.calib.cache", "old rec.json"]
+    assert [os.listdir(out.parent) for out in outs] == [["q.onnx"], ["q.calib.cache"], ["rec.json"]]

@@ -6,25 +6,26 @@ read-only directory is the user's to fix (UserError naming the path), not an int
 Groups of files (a model and its external data, a model and its calibration cache, an engine and its
 manifest with compile's --save-onnx) are committed as one, crash-safe even against SIGKILL
 (:func:`atomic_outputs`, :func:`commit_staged`). Each file is written complete under a temp name first.
-Then, holding the :func:`directory_lock` of every destination directory and SIGINT/SIGTERM back, the
-commit writes a record (JSON: a token, the primary record's path, and each staged file with its
-destination, as paths relative to the record's directory) beside each destination `D/N` as
-`D/.trtforge-h.commit` (`h` a hash of `N`, :func:`temp_name`), each written as `.commit.part` and renamed
-so it appears whole: the secondary records first, then the first destination's (the primary). The
-primary's appearance is the commit point. It then renames the staged files onto their destinations and
-removes the records, secondaries first. Whoever next touches a destination (:func:`check_input_file`, so
-every model reader, :func:`check_output_path`, so every writer, the calibration cache reader and the
-engine readers, by :func:`settle_commit`: one stat when there is no record) finds an interrupted commit
-by its record and settles it under the same locks: with the primary record there (same token) it renames
-the staged files still there (roll forward), without it it deletes them (roll back); then it removes the
-records. So a group reads as the old one or the new one, never a mix. A record is data on disk (one may
-come from an unpacked archive): a damaged one, or one naming what no commit of its destinations could
-(a staged file that is no trtforge staged name beside its destination, an absolute path, a roll forward
-onto a destination without that commit's record beside it, a staged file that is no regular file), is
-a UserError naming it, nothing renamed or deleted; a staged file a live process holds is never touched,
-and a roll-back a read-only directory forbids is left undone (the old group stands whole). What a kill
-before the commit point leaves (staged files no record names, each flocked while its writer lives) is
-hidden, never read as an output, and swept by the next commit onto that output.
+Then, holding the :func:`directory_lock` of every destination directory and SIGINT/SIGTERM back, the commit
+writes a record (JSON: a token, the primary record's path, and each staged file with its destination, as
+paths relative to the record's directory) beside each destination `D/N` as `D/.trtforge-h.commit` (`h` a
+hash of `N`, :func:`temp_name`), each written as `.commit.part` (flocked) and renamed so it appears whole:
+the secondary records first, then the first destination's (the primary). The primary's appearance is the
+commit point. It then renames the staged files onto their destinations and removes the records, secondaries
+first. Whoever next touches a destination (:func:`check_input_file`, so every model reader,
+:func:`check_output_path`, so every writer, the calibration cache reader and the engine readers, by
+:func:`settle_commit`: one stat when there is no record) finds an interrupted commit by its record and
+settles it under the same locks: with the primary record there (same token) it renames the staged files
+still there (roll forward), without it it deletes them (roll back); then it removes the records. So a group
+reads as the old one or the new one, never a mix. A record is data on disk (one may come from an unpacked
+archive): a damaged one, or one naming what no commit of its destinations could (a staged file that is no
+trtforge staged name beside its destination, an absolute path, a roll forward onto a destination without
+that commit's record beside it, a staged file that is no regular file), is a UserError naming it, nothing
+renamed or deleted; a staged file a live process holds is never touched, and a roll-back a read-only
+directory forbids is left undone (the old group stands whole). What a kill before the commit point leaves
+(staged files no record names, each flocked while its writer lives) is hidden, never read as an output, and
+swept (:func:`dead_leftover`) by the next commit onto that output, the next read of it as a model or cache
+(:func:`check_input_file`'s `sweep`), or the roll-back of its group.
 """
 
 from __future__ import annotations
@@ -134,14 +135,20 @@ def _encodes(text: str) -> bool:
     return True
 
 
-def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> Path:
+def check_input_file(path: str | os.PathLike[str], what: str = "input file", *, sweep: bool = False) -> Path:
     """An existing, readable regular file with a UTF-8 name, else a UserError saying which it is not.
-    An interrupted group commit onto it is settled first (:func:`settle_commit`)."""
+    An interrupted group commit onto it is settled first (:func:`settle_commit`); with `sweep`, what its
+    writers killed before their commit point left beside it is removed too (:func:`_sweep_staged`), as
+    its next writer would: a model's reader, so that a killed compile --save-onnx's staged copy of it is
+    not left for good where that path is never written again. (A sweep lists the directory: a command's
+    model, not each of many data files.)"""
     as_input_path(path, what)
     if not str(path):
         raise UserError(f"{what}: the path is empty.")
     p = Path(path)
     settle_commit(p)
+    if sweep and p.name not in ("", ".", ".."):
+        _sweep_staged(p)
     try:
         st = p.stat()
     except FileNotFoundError:
@@ -223,17 +230,33 @@ def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = 
     if not parent.is_dir():
         missing = "is a file, not a directory" if parent.exists() else "does not exist"
         raise UserError(f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' {missing}.")
-    try:  # a real probe (os.access says yes to root even on read-only or special filesystems), made and
-        with signals_deferred():  # removed with interrupts held: one between the two left it behind
-            fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=parent)
-            os.close(fd)
-            os.unlink(probe)
+    try:
+        _probe_writable(parent)
     except OSError as e:
         raise UserError(
             f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' is not writable "
             f"({e.strerror})."
         ) from e
     return p
+
+
+def _probe_writable(directory: Path) -> None:
+    """Make a file in `directory` and let it go, OSError when that cannot be done: a real probe (os.access
+    says yes to root even on read-only or special filesystems). An unnamed file (O_TMPFILE), where the
+    filesystem has them, which nothing (not even a SIGKILL) can leave behind; elsewhere a named one, made
+    and removed with interrupts held (one between the two left it behind)."""
+    unnamed = getattr(os, "O_TMPFILE", 0)
+    if unnamed:
+        try:
+            os.close(os.open(directory, unnamed | os.O_WRONLY, 0o600))
+            return
+        except OSError as e:  # (a filesystem or kernel without it: the named probe below)
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+    with signals_deferred():
+        fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
 
 
 def temp_name(path: Path, tag: str) -> Path:
@@ -337,6 +360,9 @@ _WORK_MARK = ".trtforge-work"
 #: seconds after which an unheld work directory is a killed run's (a live one holds its flock from before
 #: the mark is made; the age only guards what no flock can: a run that has just made its directory)
 DEAD_WORK_AGE_S = 300.0
+#: seconds after which a staged file or directory that no live writer holds is a killed writer's (a live
+#: one takes its flock microseconds after creating it)
+DEAD_TEMP_AGE_S = 5.0
 
 
 @contextlib.contextmanager
@@ -387,37 +413,36 @@ def sweep_dead_work_directories(tmpdir: str | os.PathLike[str] | None = None) ->
         names = os.listdir(parent)
     except OSError:
         return []
-    now, uid, removed = time.time(), os.getuid(), []
+    uid, removed = os.getuid(), []
     for name in names:
         entry = parent / name
-        if not _WORK_NAME.fullmatch(name):
-            continue
         try:
-            st = entry.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or now - st.st_mtime < DEAD_WORK_AGE_S:
+            if not _WORK_NAME.fullmatch(name) or entry.lstat().st_uid != uid:
                 continue
             if not (entry / _WORK_MARK).is_file():
                 continue
-            fd = try_lock(entry)
-        except OSError:  # (not ours to open: not ours to remove)
+        except OSError:  # (gone, or not ours to look into: not ours to remove)
             continue
-        if fd is None or fd < 0:
-            continue  # a live run's (or gone meanwhile)
-        try:
-            for child in entry.iterdir():
-                if child.name != _WORK_MARK:
-                    _remove(child)
-            if os.listdir(entry) != [_WORK_MARK]:  # (what could not be removed keeps its mark: retried)
-                continue
-            with contextlib.suppress(OSError):
-                (entry / _WORK_MARK).unlink()
-                entry.rmdir()
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        removed.append(entry)
+        with dead_leftover(entry, DEAD_WORK_AGE_S) as dead:
+            if dead and _empty_work_directory(entry):
+                removed.append(entry)
     return removed
+
+
+def _empty_work_directory(entry: Path) -> bool:
+    """Remove a dead work directory `entry`, its mark last (so an interrupted removal is finished by the
+    next sweep, and what could not be removed keeps its mark: retried); whether it is gone."""
+    try:
+        for child in entry.iterdir():
+            if child.name != _WORK_MARK:
+                _remove(child)
+        if os.listdir(entry) != [_WORK_MARK]:
+            return False
+        (entry / _WORK_MARK).unlink()
+        entry.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 class _Locked(threading.local):
@@ -593,6 +618,11 @@ def _real(path: Path) -> str:
     return os.path.join(os.path.realpath(path.parent if str(path.parent) else "."), path.name)
 
 
+def _record_part(record: Path) -> Path:
+    """The name commit record `record` is written under before it is renamed into place whole."""
+    return record.with_name(record.name + ".part")
+
+
 def _write_record(record: Path, token: str, primary: Path, renames: list[tuple[Path, Path]]) -> None:
     """Write the commit record `record` whole (as its .part, fsynced, then renamed into place)."""
     base = os.path.dirname(_real(record))
@@ -608,9 +638,13 @@ def _write_record(record: Path, token: str, primary: Path, renames: list[tuple[P
             "files": [[rel(tmp), rel(dest)] for tmp, dest in renames],
         }
     )  # (ensure_ascii: the surrogates of undecodable name bytes round-trip)
-    part = record.with_name(record.name + ".part")
-    write_synced(part, text.encode("ascii"))
-    os.replace(part, record)
+    part = _record_part(record)
+    with contextlib.suppress(FileNotFoundError):
+        part.unlink()  # (a killed commit's: ours is made new, so its age and its flock are ours)
+    output = next((dest for _, dest in renames if temp_name(dest, _COMMIT) == record), record)
+    with contextlib.ExitStack() as held:  # (flocked while written: a sweep tells a killed writer's part)
+        write_locked(part, text.encode("ascii"), held, output)
+        os.replace(part, record)
 
 
 def _read_record(record: Path) -> tuple[str, Path, list[tuple[Path, Path]]] | None:
@@ -734,7 +768,7 @@ def _is_staged_name(tmp: Path, dest: Path, prefixes: set[str]) -> bool:
 def _unlink_record(record: Path, token: str) -> None:
     """Remove `record` (and its .part) if it is the commit record of `token`."""
     with contextlib.suppress(FileNotFoundError):
-        record.with_name(record.name + ".part").unlink()
+        _record_part(record).unlink()
     found = _read_record(record)
     if found is not None and found[0] == token:
         record.unlink()
@@ -774,12 +808,14 @@ def settle_commit(*paths: str | os.PathLike[str]) -> None:
 
 def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Path, Path]]) -> bool:
     """Roll the group of commit `token` (read from `record`) forward (its primary record is there) or back
-    (it is not), then remove its records. Only staged files that are regular files no live process holds
-    (by flock) are renamed or deleted: renamed only onto a destination beside which a record of this
-    commit stands too, deleted in another directory than `record`'s only there: a record from elsewhere
-    (an unpacked archive) reaches no further than its own directory, nor onto another output there. (What
-    a roll-back leaves in another directory, whose own record the kill came before, the next commit onto
-    that output sweeps.) Everything is checked before anything is renamed. A roll-back that the
+    (it is not), then remove its records. Only staged files that are regular files no live process holds (by
+    flock) are renamed or deleted: renamed only onto a destination beside which a record of this commit
+    stands too, deleted in another directory than `record`'s only there: a record from elsewhere (an
+    unpacked archive) reaches no further than its own directory, nor onto another output there. A staged
+    file a roll-back cannot reach so (in another directory, whose own record the kill came before) is then
+    removed only as a sweep of its output would remove it (:func:`_remove_dead`), its staging directory
+    and its record's half-written part with it; a younger one is left to that output's next reader or
+    writer (:func:`_sweep_staged`). Everything is checked before anything is renamed. A roll-back that the
     directory's permissions (or a read-only filesystem) forbid is left undone (False): the old group it
     keeps is whole, so a reader reads it."""
     committed = os.path.lexists(primary) and (_read_record(primary) or ("",))[0] == token
@@ -814,6 +850,11 @@ def _settle_commit(record: Path, token: str, primary: Path, files: list[tuple[Pa
         # (rolled back: no destination was touched, so the old group stands whole; in a directory this
         # process may not write, the record and staged files stay, hidden, for a writer to clear)
         return False
+    if not committed:
+        for tmp, dest in files:
+            if dest not in reach:  # (what a writer holds: its staged file or the staging directory of it,
+                _remove_dead(tmp if tmp.parent == dest.parent else tmp.parent)  # and its record's part)
+                _remove_dead(_record_part(temp_name(dest, _COMMIT)))
     return True
 
 
@@ -891,8 +932,9 @@ def _remove(path: Path) -> None:
 def recover_staged_directory(path: str | os.PathLike[str]) -> None:
     """Repair what a run killed (SIGKILL) inside :func:`staged_directory` left beside `path`: its old
     directory is put back when `path` is missing (the kill came between the two renames), else removed;
-    a half-written new directory is removed unless a live writer still holds it. Call it before looking
-    at `path` (whether it exists)."""
+    a half-written new directory is removed when it is a dead writer's (:func:`dead_leftover`; at any
+    age, since a writer makes and flocks it under the parent's lock this takes). Call it before looking at
+    `path` (whether it exists)."""
     path = Path(path)
     old = temp_name(path, "old")
     parent = path.parent if str(path.parent) else Path(".")
@@ -904,13 +946,35 @@ def recover_staged_directory(path: str | os.PathLike[str]) -> None:
                 _remove(old)
         stem = temp_name(path, "new").name
         for leftover in parent.glob(glob.escape(stem) + "*"):
-            if not leftover.is_dir() or leftover.is_symlink():
-                continue
-            fd = try_lock(leftover)
-            if fd is not None:  # (a killed writer's: its lock went with it)
-                if fd >= 0:
-                    os.close(fd)
-                shutil.rmtree(leftover, ignore_errors=True)
+            _remove_dead_new(leftover)
+
+
+#: the new directories of :func:`staged_directory` (`temp_name(path, "new.PID.THREAD")`), of any `path`
+_STAGED_NEW = re.compile(r"\.trtforge-[0-9a-f]{12}\.new\.[0-9]+\.[0-9]+")
+
+
+def sweep_staged_directories(parent: str | os.PathLike[str]) -> None:
+    """Remove the new directories that writers killed inside :func:`staged_directory` left in `parent`,
+    whatever path each was staged for (:func:`recover_staged_directory` looks for one path's only): an
+    `export-triton --version N` killed while writing left the plan inside the model directory, which only
+    an export of that same version then removed."""
+    parent = Path(parent)
+    with directory_lock([parent]), signals_deferred():
+        try:
+            names = os.listdir(parent)
+        except OSError:  # (no directory: nothing was staged in it)
+            return
+        for name in names:
+            if _STAGED_NEW.fullmatch(name):
+                _remove_dead_new(parent / name)
+
+
+def _remove_dead_new(leftover: Path) -> None:
+    """Remove a :func:`staged_directory` new directory that is a killed writer's; the caller holds its
+    parent's lock, under which a writer makes and flocks it, so an unlocked one is dead at any age."""
+    with dead_leftover(leftover, 0.0) as dead:
+        if dead and leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
@@ -944,20 +1008,15 @@ def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
     return tmp, cleanup
 
 
-#: seconds after which a staged file or directory that no live writer holds is a killed writer's (a live
-#: one takes its flock microseconds after creating it)
-DEAD_TEMP_AGE_S = 5.0
-
-
 def _sweep_staged(dest: Path) -> None:
     """Remove what writers of `dest` killed before their commit point left beside it (atomic_open's temp
-    files, staging directories): those whose flock no live writer holds. Where flock is missing nothing is
-    swept (a live writer's could not be told apart)."""
+    files, staging directories, a half-written commit record's part): those whose flock no live writer
+    holds. Where flock is missing nothing is swept (a live writer's could not be told apart)."""
     if fcntl is None:
         return
     parent = dest.parent if str(dest.parent) else Path(".")
-    now = time.time()
-    files = re.compile(re.escape(f".{dest.name[:40]}.") + r"[a-z0-9_]{8}\.tmp")
+    part = _record_part(temp_name(dest, _COMMIT)).name
+    files = re.compile(re.escape(f".{dest.name[:40]}.") + r"[a-z0-9_]{8}\.tmp|" + re.escape(part))
     directories = re.compile(re.escape(temp_name(dest, "").name) + r"[a-z0-9_]{8}" + re.escape(_STAGING))
     try:
         names = os.listdir(parent)
@@ -968,24 +1027,27 @@ def _sweep_staged(dest: Path) -> None:
         is_dir = entry.is_dir() and not entry.is_symlink()
         if not ((files.fullmatch(name) and entry.is_file()) or (directories.fullmatch(name) and is_dir)):
             continue
-        with contextlib.suppress(OSError):  # (a writer locks what it made microseconds after making it)
-            if now - entry.lstat().st_mtime < DEAD_TEMP_AGE_S:
-                continue
-        try:
-            fd = try_lock(entry)
-        except OSError:  # (not ours to open: not ours to remove)
-            continue
-        if fd is None:
-            continue  # a live writer's
-        if fd >= 0:
-            os.close(fd)
-        _remove(entry)
+        _remove_dead(entry)
 
 
-def try_lock(path: Path, *, follow: bool = True) -> int | None:
+def _remove_dead(path: Path) -> None:
+    """Remove `path` (a staged file, a staging directory) when it is a killed writer's leftover
+    (:func:`dead_leftover`). One this process may not remove (another user's, a read-only directory)
+    stays, hidden, for one that may: a reader or writer of a file beside it is not refused for it."""
+    with dead_leftover(path, DEAD_TEMP_AGE_S) as dead:
+        if dead:
+            try:
+                _remove(path)
+            except OSError as e:
+                if e.errno not in USER_ERRNOS:
+                    raise
+
+
+def try_lock(path: Path, *, follow: bool = True, strict: bool = False) -> int | None:
     """A descriptor of `path` (a file or a directory) holding a non-blocking exclusive flock, for as long
     as it stays open; None when a live process (or another descriptor) holds the lock; -1 when `path` is
-    gone. Where flock is missing, the descriptor holds nothing. Staged outputs are held so while being
+    gone. Where flock is missing, the descriptor holds nothing, unless `strict`: then None there too (no
+    lock taken, so whether a live process holds it is unknown). Staged outputs are held so while being
     written: a recovery that cannot take the lock leaves them to their live writer. Never waits (a pipe's
     open would, for a writer); `follow=False` refuses a symbolic link (OSError)."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
@@ -993,15 +1055,47 @@ def try_lock(path: Path, *, follow: bool = True) -> int | None:
         fd = os.open(path, flags)
     except FileNotFoundError:
         return -1
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    if fcntl is None:
+        if strict:
             os.close(fd)
             return None
-        except OSError:  # (a filesystem without flock: nothing is held there)
-            pass
+        return fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:  # (a filesystem without flock: nothing is held there)
+        if strict:
+            os.close(fd)
+            return None
     return fd
+
+
+@contextlib.contextmanager
+def dead_leftover(path: Path, min_age_s: float) -> Iterator[bool]:
+    """Whether `path`, a file or directory a writer holds by an flock while it lives (atomic_open's temp
+    file, a staging, staged or work directory), is a killed writer's leftover: a regular file or a
+    directory (not a link) whose mtime is `min_age_s` old or more (a writer takes its flock just after
+    making it) and whose exclusive flock this process takes now (its writer is gone). The lock is held
+    while the block runs, for the caller to remove `path`. The one test every sweep of dead writers'
+    leftovers makes: where flock is missing or fails (some network filesystems), a live writer's cannot
+    be told apart, so nothing is dead."""
+    fd = None
+    try:
+        st = os.lstat(path)
+        if (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and time.time() - st.st_mtime >= min_age_s:
+            fd = try_lock(path, follow=False, strict=True)
+    except OSError:  # (gone, a link, or not ours to open: not ours to remove)
+        fd = None
+    if fd is not None and fd >= 0 and (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)  # (replaced since its age was read)
+        fd = None
+    try:
+        yield fd is not None and fd >= 0
+    finally:
+        if fd is not None and fd >= 0:
+            os.close(fd)
 
 
 @contextlib.contextmanager
@@ -1071,6 +1165,27 @@ def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> I
         forget()
         if held is not None and held >= 0:
             os.close(held)
+
+
+def write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: Path) -> None:
+    """Create `path` (staged for `target`), flock it for as long as `held` lasts (the lock follows the file
+    through renames), write `data` and fsync. The lock tells a sweep of dead writers' leftovers (and
+    :func:`~trtforge.core.manifest.resolve_pending`) its writer is alive. A user's OSError names `target`."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
+    held.callback(os.close, fd)
+    if fcntl is not None:
+        with contextlib.suppress(OSError):  # (no flock here, some NFS: no lock, and nothing is swept)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except OSError as e:
+        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
 
 
 def write_synced(path: Path, data: bytes) -> None:

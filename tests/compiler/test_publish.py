@@ -127,6 +127,24 @@ def test_live_publisher_is_left_alone(tmp_path) -> None:
     assert _loaded(out) == NEW and _names(tmp_path) == ["m.engine", "m.engine.json"]
 
 
+def test_a_live_publisher_is_left_alone_where_flock_fails(tmp_path, monkeypatch) -> None:
+    """On a filesystem whose flock fails (ENOLCK, some NFS mounts) a live publisher's staged engine holds
+    no lock. Before, resolve_pending (run by every compile before it publishes) took the descriptor its
+    lock probe returned, holding nothing, for a dead publisher's and deleted the files another compile to
+    the same engine was still writing (its commit then failed on a missing file). Now a lock it could not
+    take is no dead publisher's, as for every sweep of dead writers' files."""
+    import fcntl
+
+    def flock(_fd, _op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    out = _old_pair(tmp_path)
+    staged, _ = _stage(out, NEW, record=False)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    assert not resolve_pending(out)
+    assert staged.read_bytes() == NEW and _loaded(out) == OLD
+
+
 def test_failure_before_commit_keeps_old_pair(tmp_path, monkeypatch) -> None:
     out = _old_pair(tmp_path)
 
@@ -227,7 +245,7 @@ def test_outputs_staged_beside_a_publish_land_with_the_pair_or_not_at_all(tmp_pa
     out = _old_pair(tmp_path)
     extra = tmp_path / "model.onnx"
     extra.write_text("old model")
-    real = manifest_mod._write_locked
+    real = manifest_mod.write_locked
 
     def interrupted_at_the_manifest(path, data, held, target):
         if target == manifest_path_for(out):
@@ -239,12 +257,12 @@ def test_outputs_staged_beside_a_publish_land_with_the_pair_or_not_at_all(tmp_pa
             atomic_write_text(extra, "new model")
             publish_engine(out, NEW, _manifest(out, NEW))
 
-    monkeypatch.setattr(manifest_mod, "_write_locked", interrupted_at_the_manifest)
+    monkeypatch.setattr(manifest_mod, "write_locked", interrupted_at_the_manifest)
     with pytest.raises(KeyboardInterrupt):
         compile_publishing()
     assert (_loaded(out), extra.read_text()) == (OLD, "old model")
     assert _names(tmp_path) == ["m.engine", "m.engine.json", "model.onnx"]
-    monkeypatch.setattr(manifest_mod, "_write_locked", real)
+    monkeypatch.setattr(manifest_mod, "write_locked", real)
     with atomic_outputs():
         atomic_write_text(extra, "new model")
         publish_engine(out, NEW, _manifest(out, NEW))

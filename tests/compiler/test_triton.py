@@ -751,3 +751,34 @@ def test_the_recorded_axis_names_decide_the_default_max_batch(
     Path(str(eng) + ".json").write_text(json.dumps(manifest))
     result = triton.export_triton(eng, tmp_path / "repo", triton.TritonOptions())
     assert result.max_batch_size == max_batch and note in result.note and bool(note) == bool(result.note)
+
+
+_KILLED_ADDING_A_VERSION = """
+import os, pathlib, signal, sys
+from trtforge.compiler import triton
+engine, repo = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+real_write = triton.write_synced
+def write_synced(path, data):
+    real_write(path, data)
+    os.kill(os.getpid(), signal.SIGKILL)  # (the version's plan written into its staging directory)
+triton.write_synced = write_synced
+triton.export_triton(engine, repo, triton.TritonOptions(version=2))
+"""
+
+
+def test_a_killed_export_of_a_new_version_leaves_nothing_in_the_model_directory(
+    bert_engine: Path, tmp_path: Path
+) -> None:
+    """`export-triton --version 2` killed by SIGKILL while writing left its staging directory (the whole
+    plan) inside the model directory. Before, only an export of that same version (or --force of the
+    model) removed it: `--version 3` after it left it there for good, beside the versions Triton serves.
+    Now adding any version removes the dead writers' staging directories in the model directory."""
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    path = str(Path(__file__).resolve().parents[2])
+    argv = [sys.executable, "-c", _KILLED_ADDING_A_VERSION, str(bert_engine), str(repo)]
+    proc = subprocess.run(argv, env=dict(os.environ, PYTHONPATH=path), capture_output=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert len(os.listdir(repo / "bert")) == 3, "the killed export's staging directory"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo), "--version", "3"]) == 0
+    assert sorted(os.listdir(repo / "bert")) == ["1", "3", "config.pbtxt"]

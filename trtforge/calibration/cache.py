@@ -150,7 +150,8 @@ def write_calibration_cache(
 def read_calibration_cache(path: str | os.PathLike[str]) -> tuple[str, dict[str, float]]:
     """(header, tensor -> scale) from a cache file; UserError naming the line when it is malformed or a
     scale is not a finite positive number (it would become a Q/DQ scale as it is)."""
-    p = check_input_file(path, "calibration cache")  # (a pipe waited for a writer, /dev/zero never ended)
+    # (a pipe waited for a writer, /dev/zero never ended; a killed calibrate's staged cache is swept)
+    p = check_input_file(path, "calibration cache", sweep=True)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:

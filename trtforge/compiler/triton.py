@@ -24,6 +24,7 @@ from trtforge._fileio import (
     recover_staged_directory,
     show_path,
     staged_directory,
+    sweep_staged_directories,
     write_synced,
 )
 from trtforge.core.manifest import (
@@ -499,6 +500,7 @@ def _check_version_addable(target: Path, version: int, text: str) -> None:
         raise UserError(f"model directory '{where}' already exists and is not a directory; pass --force.")
     vdir = target / str(version)
     recover_staged_directory(vdir)
+    sweep_staged_directories(target)  # (a killed export of another version left its staging in the model)
     if os.path.lexists(vdir):
         raise UserError(
             f"model directory '{where}' already exists; pass --force to replace it (with all its versions), "

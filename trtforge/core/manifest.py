@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import (
-    USER_ERRNOS,
     as_path,
     atomic_write_text,
     check_input_file,
@@ -53,6 +52,7 @@ from trtforge._fileio import (
     staged_files,
     temp_name,
     try_lock,
+    write_locked,
 )
 from trtforge.core.tensor_spec import TensorSpec
 from trtforge.errors import UserError
@@ -404,8 +404,8 @@ def publish_engine(
     pair = [(staged, out), (part, mpath)]
     with contextlib.ExitStack() as held:
         try:
-            _write_locked(staged, data, held, out)
-            _write_locked(part, manifest.to_json().encode(), held, mpath)
+            write_locked(staged, data, held, out)
+            write_locked(part, manifest.to_json().encode(), held, mpath)
             # another compile to the same engine commits and renames its pair before or after this one,
             # not between (taken before the commit point: an interrupt while waiting keeps the old pair)
             settle_commit(out, mpath)  # (a dead compile's, before the locks)
@@ -433,30 +433,10 @@ def _refuse_existing(paths: list[Path]) -> None:
             )
 
 
-def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: Path) -> None:
-    """Create `path` (staged for `target`), flock it for as long as `held` lasts (the lock follows the file
-    through renames), write `data` and fsync. The lock tells :func:`resolve_pending` its writer is alive."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as e:
-        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
-    held.callback(os.close, fd)
-    with contextlib.suppress(ImportError, OSError):  # no flock (non-POSIX, some NFS): no lock
-        import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    view = memoryview(data)
-    try:
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except OSError as e:
-        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
-
-
 def resolve_pending(engine_path: str | os.PathLike[str]) -> bool:
     """Settle the staged files of dead publishers of `engine_path`: finish a committed publish whose
-    engine matches its record, delete everything else (see the module doc). Live publishers are left be.
+    engine matches its record, delete everything else (see the module doc). Live publishers are left be
+    (where flock fails, as on some NFS mounts, none can be told from a dead one: all are left).
     True when it settled a dead publisher's staged files (it lists the directory to find them)."""
     out = Path(engine_path)
     if not out.name:  # '', '.', '/': no file is published there (it was temp_name's ValueError)
@@ -472,10 +452,10 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> bool:
     settled = False
     for token in sorted(tokens):
         files = {kind: temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART)}
-        fds = [try_lock(p) for p in files.values()]
+        fds = [try_lock(p, strict=True) for p in files.values()]
         try:
             if None in fds:
-                continue  # a live compile is publishing
+                continue  # a live compile is publishing (or no flock here tells it from a dead one)
             with directory_lock([parent]):  # (not between a live compile's two renames)
                 _settle(out, files[_ENGINE], files[_RECORD], files[_PART])
                 settled = True

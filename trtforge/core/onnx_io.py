@@ -67,9 +67,11 @@ def read_onnx(
     the file on any problem."""
     import onnx
 
-    from trtforge._fileio import check_input_file, directory_lock, show_path
+    from trtforge._fileio import check_input_file, directory_lock, settle_commit, show_path
 
-    p = check_input_file(path, what)
+    p = check_input_file(path, what, sweep=True)  # (a killed writer's staged copy of it goes)
+    if external_data:  # (save_onnx_atomic commits `<name>.data` first: the primary record is its)
+        settle_commit(p.with_name(p.name + ".data"))
     if p.stat().st_size == 0:
         raise UserError(f"{what} '{show_path(p)}' is empty (0 bytes); expected an ONNX model file.")
     try:  # (the model and its data file read as one, not between the renames of an optimize writing both:
