@@ -761,3 +761,68 @@ def test_a_pipelined_request_after_a_large_body_is_not_taken_for_a_large_head():
     first = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
     reads = [first + body[:100], body[100:] + b"GET / HTTP/1.1\r\nHost: x\r\n", b"\r\n"]
     assert _bounded_head_answers(reads) == [b"200", b"200"]
+
+
+def _uvicorn_refusal() -> str:
+    """The message of run.check_uvicorn's refusal of the installed uvicorn (as the test broke it)."""
+    uvicorn = pytest.importorskip("uvicorn")
+    from trtforge.errors import UserError
+    from trtforge.llm.server.run import check_uvicorn
+
+    with pytest.raises(UserError) as e:
+        check_uvicorn(uvicorn)
+    message = str(e.value)
+    assert f"the installed uvicorn {uvicorn.__version__} lacks" in message, message
+    assert f"pip install 'uvicorn<{uvicorn.__version__}'" in message, message
+    return message
+
+
+def test_the_installed_uvicorn_has_the_internals_the_server_relies_on():
+    from trtforge.llm.server.run import check_uvicorn
+
+    check_uvicorn(pytest.importorskip("uvicorn"))
+
+
+def test_a_uvicorn_whose_send_is_not_its_request_cycles_is_refused(monkeypatch):
+    """uvicorn's send wrapped in a function (as its own message logger wraps it at the trace log level):
+    the app found no transport to abort, and a stream cut on a client that reads nothing kept its socket
+    open, without a word. The startup check refuses it, naming what is missing."""
+    pytest.importorskip("uvicorn")
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("uvicorn.error"), "level", 5)  # uvicorn's TRACE
+    assert "__self__.transport.abort()" in _uvicorn_refusal()
+
+
+def test_a_uvicorn_whose_parser_callbacks_changed_is_refused(monkeypatch):
+    """BoundedHead counts a head's reads from HttpToolsProtocol's on_message_begin: under a uvicorn
+    without it, the head bound is gone (here every request fails in the parser). Refused at startup."""
+    pytest.importorskip("httptools")
+    from uvicorn.protocols.http import httptools_impl
+
+    monkeypatch.delattr(httptools_impl.HttpToolsProtocol, "on_message_begin")
+    message = _uvicorn_refusal()
+    assert "on_message_begin" in message and "a head past the bound was not refused" in message, message
+
+
+def test_a_uvicorn_without_the_status_lines_or_server_hooks_is_refused(monkeypatch):
+    pytest.importorskip("httptools")
+    import uvicorn
+    from uvicorn.protocols.http import httptools_impl
+
+    monkeypatch.delattr(httptools_impl, "STATUS_LINE")
+    monkeypatch.delattr(uvicorn.Server, "on_tick")
+    message = _uvicorn_refusal()
+    assert "uvicorn.Server.on_tick" in message and "'STATUS_LINE'" in message, message
+
+
+def test_serve_refuses_a_uvicorn_without_the_internals_before_the_model_loads(monkeypatch, capsys):
+    """The CLI's check runs before MODEL is even looked at: exit 2, the one message, no trace."""
+    uvicorn = pytest.importorskip("uvicorn")
+    from trtforge.cli.main import main
+
+    monkeypatch.delattr(uvicorn.Server, "handle_exit")
+    assert main(["serve", "/no/such/model-dir"]) == 2
+    err = capsys.readouterr().err
+    assert f"uvicorn {uvicorn.__version__} lacks: uvicorn.Server.handle_exit" in err, err
+    assert "Traceback" not in err and "/no/such/model-dir" not in err, err
