@@ -174,8 +174,8 @@ def test_a_logit_bias_is_built_once_per_request_and_shared_by_its_choices(tokeni
         assert all(np.array_equal(a, b) for a, b in zip(p.logit_bias_arrays, e.logit_bias_arrays))
 
 
-def _app_over_no_model(**state_kw):
-    """The app over a stand-in engine and no tokenizer: enough for the routes that read no request."""
+def _app_over_no_model(tokenizer=None, **state_kw):
+    """The app over a stand-in engine and `tokenizer` (none: enough for the routes that read no request)."""
     from types import SimpleNamespace
 
     pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
@@ -187,8 +187,50 @@ def _app_over_no_model(**state_kw):
     )
     engine = SimpleNamespace(num_running=0, num_waiting=0, fatal_error=None)
     llm = SimpleNamespace(memory_stats=lambda: mem, stats=stats, engine=engine)
-    state = ServerState(llm, None, ["m"], max_model_len=64, max_num_seqs=1, max_waiting=1, **state_kw)
+    state = ServerState(llm, tokenizer, ["m"], max_model_len=64, max_num_seqs=1, max_waiting=1, **state_kw)
     return state, create_app(state)
+
+
+def test_health_answers_while_a_prompt_is_being_tokenized():
+    """Texts are tokenized off the event loop: while a request's tokenizing is held (a tokenizer that
+    waits to be let go), /health is answered. Before, tokenizing a batch of long prompts on the loop held
+    every other client for seconds; shown by the order of events, where a bound on /health's wait in
+    seconds (tests/llm/server/test_server_tokenize.py) failed on a busy machine."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    class HeldTokenizer:
+        """Encodes "held" only once let go (60 s at most: the failure's own end), anything else at once."""
+
+        def __init__(self) -> None:
+            self.entered, self.release, self.done = threading.Event(), threading.Event(), threading.Event()
+
+        def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+            if text == "held":
+                self.entered.set()
+                self.release.wait(60)
+                self.done.set()
+            return {"input_ids": [5] * 60}
+
+    tok = HeldTokenizer()
+    _, app = _app_over_no_model(tok)
+
+    async def run() -> tuple[int, bool, httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+            body = {"model": "m", "prompt": "held", "max_tokens": 8}
+            request = asyncio.ensure_future(c.post("/v1/completions", json=body))
+            assert await asyncio.to_thread(tok.entered.wait, 60), "the prompt was never tokenized"
+            health = (await c.get("/health")).status_code
+            held = not tok.done.is_set()
+            tok.release.set()
+            return health, held, await request
+
+    health, held, r = asyncio.run(run())
+    assert health == 200 and held, "/health was answered only once the prompt's tokenizing had ended"
+    # tokenized, then refused: 60 prompt tokens leave 4 of max_model_len 64 for max_tokens 8
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
 
 
 @pytest.mark.parametrize("path", ["/health", "/metrics", "/v1/models", "/v1/models/m", "/v1/models/gpt-4o"])
