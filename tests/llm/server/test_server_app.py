@@ -233,6 +233,56 @@ def test_health_answers_while_a_prompt_is_being_tokenized():
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
 
 
+def test_texts_are_tokenized_and_metrics_answer_while_every_compile_waits():
+    """More requests waiting on their schemas' compiles than the event loop's default executor has
+    threads: while every compile is held (an engine whose compile waits to be let go), a plain request's
+    text is tokenized (here refused after it, max_tokens past the room left) and /metrics answers. Before,
+    the waits took every default-executor thread, which tokenizing and /metrics need. Shown by events in
+    process: test_server_tokenize.py's live version slept 0.5 s for "the compiles have begun"."""
+    import asyncio
+    import os
+    import threading
+
+    import httpx
+
+    from trtforge.errors import UserError
+
+    waiting = min(32, (os.cpu_count() or 1) + 4) + 4  # more than the default executor has threads
+    release, lock, entered = threading.Event(), threading.Lock(), [0]
+
+    def hold(fmt: dict):
+        with lock:
+            entered[0] += 1
+        release.wait(60)  # (the failure's own end)
+        raise UserError("the test's compile, let go")
+
+    state, app = _app_over_no_model(lambda text, add_special_tokens=True: {"input_ids": [5] * 60})
+    state.llm.engine.hold_response_format = hold
+    state.max_waiting = waiting + 1
+
+    async def run() -> tuple[httpx.Response, int, list[httpx.Response]]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+            fmt = {"type": "json_object"}
+            body = {"model": "m", "prompt": "x", "max_tokens": 2, "response_format": fmt}
+            held = [asyncio.ensure_future(c.post("/v1/completions", json=body)) for _ in range(waiting)]
+            deadline = asyncio.get_running_loop().time() + 60
+            while entered[0] < waiting:
+                assert asyncio.get_running_loop().time() < deadline, f"{entered[0]} compiles began"
+                await asyncio.sleep(0.01)
+            plain = c.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 8})
+            plain_answer = await asyncio.wait_for(plain, 30)
+            metrics_status = (await asyncio.wait_for(c.get("/metrics"), 30)).status_code
+            assert not release.is_set()
+            release.set()
+            return plain_answer, metrics_status, await asyncio.gather(*held)
+
+    plain, metrics, held = asyncio.run(run())
+    # tokenized, then refused: max_tokens 8 past the 4 left of max_model_len 64 after 60 prompt tokens
+    assert plain.status_code == 400 and plain.json()["error"]["param"] == "max_tokens", plain.text
+    assert metrics == 200
+    assert all(r.status_code == 400 and r.json()["error"]["param"] == "response_format" for r in held)
+
+
 @pytest.mark.parametrize("path", ["/health", "/metrics", "/v1/models", "/v1/models/m", "/v1/models/gpt-4o"])
 def test_head_answers_as_get_without_a_body(path):
     """A load balancer's (or `curl -I`'s) HEAD /health got 405: FastAPI's app.get registers GET alone.
