@@ -138,7 +138,7 @@ def check_uvicorn(uvicorn: Any) -> None:
     missing = [f"uvicorn.Server.{name}" for name in SERVER_HOOKS if not callable(getattr(server, name, None))]
     try:
         protocol = _http_protocol()
-        config = uvicorn.Config(_probe_app, http=protocol, lifespan="off", log_config=None)
+        config = uvicorn.Config(_probe_app, http=protocol, lifespan="off", log_config=None, access_log=False)
         config.load()
         probe = server(config)
         missing += [f"uvicorn.Server's {name}" for name in SERVER_FIELDS if not hasattr(probe, name)]
