@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -110,6 +110,14 @@ class Server:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Returns once `cond()` holds; AssertionError past `timeout` seconds (a hang guard, not a measure)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {getattr(cond, '__name__', cond)}"
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

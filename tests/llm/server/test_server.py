@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.llm.server.harness import API_KEY, chat_server
+from tests.llm.server.harness import API_KEY, chat_server, wait_for
 
 PROMPT = "def read_json(path):"
 
@@ -398,6 +398,56 @@ def test_cancel_midway_frees_the_requests_blocks(server):
     # /metrics counts it as the client left it (before: 200, counted as the stream began)
     assert m.get(key % "499", 0) == before.get(key % "499", 0) + 1
     assert m.get(key % "200", 0) == before.get(key % "200", 0)
+
+
+def test_streams_cut_midway_return_every_block_and_leave_the_others_output_unchanged(server, client):
+    """24 streams of two choices each, cut at random points (some before their first token), while 8 others
+    stream to the end at once: every KV block returns, each cut stream is counted 499 and each finished
+    one 200, and the finished ones are the greedy output of the server at rest (a cancelled sequence's
+    blocks, reused at once by others, corrupt no one's cache)."""
+    import random
+
+    import httpx
+
+    prompts = [f"def f{i}(x):" for i in range(4)]
+    alone = {p: greedy(client, p, 16, extra_body={"ignore_eos": True}).choices[0].text for p in prompts}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    rnd = random.Random(0)
+    cuts = [rnd.randint(0, 30) for _ in range(24)]
+    key = 'trtforge_requests_total{endpoint="completions",status="%s"}'
+    before = server.metrics()
+
+    async def one(c: httpx.AsyncClient, prompt: str, cut: int | None) -> str | None:
+        body = {"model": "code-llama-21m", "prompt": prompt, "temperature": 0, "stream": True}
+        body.update({"ignore_eos": True, "max_tokens": 16} if cut is None else {"max_tokens": 400, "n": 2})
+        text, seen = "", 0
+        async with c.stream("POST", server.url + "/v1/completions", json=body, headers=headers) as r:
+            assert r.status_code == 200, await r.aread()
+            async for line in r.aiter_lines():
+                if cut is not None and seen == cut:
+                    return None  # the client leaves
+                seen += bool(line)
+                if line.startswith("data: {"):
+                    text += json.loads(line.removeprefix("data: "))["choices"][0]["text"]
+        return text
+
+    async def main() -> list[str | None]:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as c:
+            cut = [one(c, prompts[i % 4], n) for i, n in enumerate(cuts)]
+            whole = [one(c, prompts[i % 4], None) for i in range(8)]
+            return await asyncio.gather(*cut, *whole)
+
+    texts = asyncio.run(main())
+    assert texts[24:] == [alone[prompts[i % 4]] for i in range(8)]
+    m = server.wait_blocks_free()
+    assert m["trtforge_http_requests_in_flight"] == 0
+    cut = before.get(key % "499", 0) + 24
+    wait_for(lambda: server.metrics().get(key % "499", 0) >= cut)  # (counted once its response ends)
+    m = server.metrics()
+    assert m.get(key % "499", 0) == cut
+    assert m.get(key % "200", 0) == before.get(key % "200", 0) + 8
+    after = greedy(client, prompts[0], 16, extra_body={"ignore_eos": True})
+    assert after.choices[0].text == alone[prompts[0]]
 
 
 def test_a_client_that_leaves_a_non_streaming_request_cancels_it(server):

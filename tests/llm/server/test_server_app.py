@@ -174,8 +174,8 @@ def test_a_logit_bias_is_built_once_per_request_and_shared_by_its_choices(tokeni
         assert all(np.array_equal(a, b) for a, b in zip(p.logit_bias_arrays, e.logit_bias_arrays))
 
 
-def _app_over_no_model(**state_kw):
-    """The app over a stand-in engine and no tokenizer: enough for the routes that read no request."""
+def _app_over_no_model(tokenizer=None, **state_kw):
+    """The app over a stand-in engine and `tokenizer` (none: enough for the routes that read no request)."""
     from types import SimpleNamespace
 
     pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
@@ -187,8 +187,100 @@ def _app_over_no_model(**state_kw):
     )
     engine = SimpleNamespace(num_running=0, num_waiting=0, fatal_error=None)
     llm = SimpleNamespace(memory_stats=lambda: mem, stats=stats, engine=engine)
-    state = ServerState(llm, None, ["m"], max_model_len=64, max_num_seqs=1, max_waiting=1, **state_kw)
+    state = ServerState(llm, tokenizer, ["m"], max_model_len=64, max_num_seqs=1, max_waiting=1, **state_kw)
     return state, create_app(state)
+
+
+def test_health_answers_while_a_prompt_is_being_tokenized():
+    """Texts are tokenized off the event loop: while a request's tokenizing is held (a tokenizer that
+    waits to be let go), /health is answered. Before, tokenizing a batch of long prompts on the loop held
+    every other client for seconds; shown by the order of events, where a bound on /health's wait in
+    seconds (tests/llm/server/test_server_tokenize.py) failed on a busy machine."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    class HeldTokenizer:
+        """Encodes "held" only once let go (60 s at most: the failure's own end), anything else at once."""
+
+        def __init__(self) -> None:
+            self.entered, self.release, self.done = threading.Event(), threading.Event(), threading.Event()
+
+        def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+            if text == "held":
+                self.entered.set()
+                self.release.wait(60)
+                self.done.set()
+            return {"input_ids": [5] * 60}
+
+    tok = HeldTokenizer()
+    _, app = _app_over_no_model(tok)
+
+    async def run() -> tuple[int, bool, httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+            body = {"model": "m", "prompt": "held", "max_tokens": 8}
+            request = asyncio.ensure_future(c.post("/v1/completions", json=body))
+            assert await asyncio.to_thread(tok.entered.wait, 60), "the prompt was never tokenized"
+            health = (await c.get("/health")).status_code
+            held = not tok.done.is_set()
+            tok.release.set()
+            return health, held, await request
+
+    health, held, r = asyncio.run(run())
+    assert health == 200 and held, "/health was answered only once the prompt's tokenizing had ended"
+    # tokenized, then refused: 60 prompt tokens leave 4 of max_model_len 64 for max_tokens 8
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+def test_texts_are_tokenized_and_metrics_answer_while_every_compile_waits():
+    """More requests waiting on their schemas' compiles than the event loop's default executor has
+    threads: while every compile is held (an engine whose compile waits to be let go), a plain request's
+    text is tokenized (here refused after it, max_tokens past the room left) and /metrics answers. Before,
+    the waits took every default-executor thread, which tokenizing and /metrics need. Shown by events in
+    process: test_server_tokenize.py's live version slept 0.5 s for "the compiles have begun"."""
+    import asyncio
+    import os
+    import threading
+
+    import httpx
+
+    from trtforge.errors import UserError
+
+    waiting = min(32, (os.cpu_count() or 1) + 4) + 4  # more than the default executor has threads
+    release, lock, entered = threading.Event(), threading.Lock(), [0]
+
+    def hold(fmt: dict):
+        with lock:
+            entered[0] += 1
+        release.wait(60)  # (the failure's own end)
+        raise UserError("the test's compile, let go")
+
+    state, app = _app_over_no_model(lambda text, add_special_tokens=True: {"input_ids": [5] * 60})
+    state.llm.engine.hold_response_format = hold
+    state.max_waiting = waiting + 1
+
+    async def run() -> tuple[httpx.Response, int, list[httpx.Response]]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+            fmt = {"type": "json_object"}
+            body = {"model": "m", "prompt": "x", "max_tokens": 2, "response_format": fmt}
+            held = [asyncio.ensure_future(c.post("/v1/completions", json=body)) for _ in range(waiting)]
+            deadline = asyncio.get_running_loop().time() + 60
+            while entered[0] < waiting:
+                assert asyncio.get_running_loop().time() < deadline, f"{entered[0]} compiles began"
+                await asyncio.sleep(0.01)
+            plain = c.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 8})
+            plain_answer = await asyncio.wait_for(plain, 30)
+            metrics_status = (await asyncio.wait_for(c.get("/metrics"), 30)).status_code
+            assert not release.is_set()
+            release.set()
+            return plain_answer, metrics_status, await asyncio.gather(*held)
+
+    plain, metrics, held = asyncio.run(run())
+    # tokenized, then refused: max_tokens 8 past the 4 left of max_model_len 64 after 60 prompt tokens
+    assert plain.status_code == 400 and plain.json()["error"]["param"] == "max_tokens", plain.text
+    assert metrics == 200
+    assert all(r.status_code == 400 and r.json()["error"]["param"] == "response_format" for r in held)
 
 
 @pytest.mark.parametrize("path", ["/health", "/metrics", "/v1/models", "/v1/models/m", "/v1/models/gpt-4o"])
@@ -761,3 +853,68 @@ def test_a_pipelined_request_after_a_large_body_is_not_taken_for_a_large_head():
     first = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
     reads = [first + body[:100], body[100:] + b"GET / HTTP/1.1\r\nHost: x\r\n", b"\r\n"]
     assert _bounded_head_answers(reads) == [b"200", b"200"]
+
+
+def _uvicorn_refusal() -> str:
+    """The message of run.check_uvicorn's refusal of the installed uvicorn (as the test broke it)."""
+    uvicorn = pytest.importorskip("uvicorn")
+    from trtforge.errors import UserError
+    from trtforge.llm.server.run import check_uvicorn
+
+    with pytest.raises(UserError) as e:
+        check_uvicorn(uvicorn)
+    message = str(e.value)
+    assert f"the installed uvicorn {uvicorn.__version__} lacks" in message, message
+    assert f"pip install 'uvicorn<{uvicorn.__version__}'" in message, message
+    return message
+
+
+def test_the_installed_uvicorn_has_the_internals_the_server_relies_on():
+    from trtforge.llm.server.run import check_uvicorn
+
+    check_uvicorn(pytest.importorskip("uvicorn"))
+
+
+def test_a_uvicorn_whose_send_is_not_its_request_cycles_is_refused(monkeypatch):
+    """uvicorn's send wrapped in a function (as its own message logger wraps it at the trace log level):
+    the app found no transport to abort, and a stream cut on a client that reads nothing kept its socket
+    open, without a word. The startup check refuses it, naming what is missing."""
+    pytest.importorskip("uvicorn")
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("uvicorn.error"), "level", 5)  # uvicorn's TRACE
+    assert "__self__.transport.abort()" in _uvicorn_refusal()
+
+
+def test_a_uvicorn_whose_parser_callbacks_changed_is_refused(monkeypatch):
+    """BoundedHead counts a head's reads from HttpToolsProtocol's on_message_begin: under a uvicorn
+    without it, the head bound is gone (here every request fails in the parser). Refused at startup."""
+    pytest.importorskip("httptools")
+    from uvicorn.protocols.http import httptools_impl
+
+    monkeypatch.delattr(httptools_impl.HttpToolsProtocol, "on_message_begin")
+    message = _uvicorn_refusal()
+    assert "on_message_begin" in message and "a head past the bound was not refused" in message, message
+
+
+def test_a_uvicorn_without_the_status_lines_or_server_hooks_is_refused(monkeypatch):
+    pytest.importorskip("httptools")
+    import uvicorn
+    from uvicorn.protocols.http import httptools_impl
+
+    monkeypatch.delattr(httptools_impl, "STATUS_LINE")
+    monkeypatch.delattr(uvicorn.Server, "on_tick")
+    message = _uvicorn_refusal()
+    assert "uvicorn.Server.on_tick" in message and "'STATUS_LINE'" in message, message
+
+
+def test_serve_refuses_a_uvicorn_without_the_internals_before_the_model_loads(monkeypatch, capsys):
+    """The CLI's check runs before MODEL is even looked at: exit 2, the one message, no trace."""
+    uvicorn = pytest.importorskip("uvicorn")
+    from trtforge.cli.main import main
+
+    monkeypatch.delattr(uvicorn.Server, "handle_exit")
+    assert main(["serve", "/no/such/model-dir"]) == 2
+    err = capsys.readouterr().err
+    assert f"uvicorn {uvicorn.__version__} lacks: uvicorn.Server.handle_exit" in err, err
+    assert "Traceback" not in err and "/no/such/model-dir" not in err, err

@@ -146,10 +146,10 @@ def test_a_stream_whose_client_never_reads_is_cut_at_the_send_timeout(stalling):
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
-        start = time.monotonic()
         _wait_for(lambda: stalling.metrics()["trtforge_num_requests_running"] == 16)
-        m = stalling.wait_blocks_free(timeout=30)  # (its 4,000 tokens would take 40 s or more)
-        assert time.monotonic() - start < 30
+        # (a hang guard only: how soon the buffers fill depends on the machine's load; that the stream was
+        # cut, not run out, is what the count of tokens generated says)
+        m = stalling.wait_blocks_free(timeout=600)
         assert m["trtforge_generation_tokens_total"] < 16 * 4000 / 2
         _wait_for(lambda: stalling.metrics()["trtforge_http_requests_in_flight"] == 0)
         _wait_for(lambda: stalling.metrics().get(key, 0) == before + 1)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.llm.server.harness import chat_server
+from tests.llm.server.harness import chat_server, wait_for
 
 NAME = "code-llama-21m"
 JSON = {"Content-Type": "application/json"}
@@ -52,8 +52,11 @@ def _health_waits_during(server, send) -> tuple[object, float, list[float]]:
 
 
 def test_a_batch_of_long_prompts_is_tokenized_without_holding_the_server(server):
-    """1,000 prompts of ~2,000 tokens each, all legal, are seconds of tokenizing; a health check answers
-    promptly meanwhile. max_tokens 100 makes each prompt too long only once tokenized: a 400 naming it."""
+    """1,000 prompts of ~2,000 tokens each, all legal, are seconds of tokenizing; health checks answer
+    meanwhile. max_tokens 100 makes each prompt too long only once tokenized: a 400 naming it. (That
+    /health answers while tokenizing is still going on is shown by events in process:
+    test_server_app.py's test_health_answers_while_a_prompt_is_being_tokenized; a bound here of 0.5 s on
+    each check's wait failed on a busy machine.)"""
     import httpx
 
     prompt = "def f(x): return x\n" * 250  # 2,000 tokens, under the model's 2,048
@@ -67,14 +70,18 @@ def test_a_batch_of_long_prompts_is_tokenized_without_holding_the_server(server)
     err = r.json()["error"]
     assert err["param"] == "max_tokens" and "2048" in err["message"], err
     assert took > 1.0, f"the batch tokenized in {took:.2f} s: too fast to show the event loop held"
-    assert len(waits) > 3 and max(waits) < 0.5, (took, waits)
+    assert len(waits) > 3, (took, waits)
     server.wait_blocks_free()
 
 
 def test_texts_are_tokenized_while_requests_wait_on_schema_compiles(server):
     """A request waiting on its schema's compile held a thread of the event loop's default executor (at
-    most 32); with every one of them waiting, a plain text request is still tokenized at once, and
-    /metrics (rendered on that executor) answers."""
+    most 32); with more of them waiting than it has, a plain text request and /metrics are served all the
+    same, and so is every schema request. That the plain request and /metrics are answered while every
+    compile still waits is shown by events in process (test_server_app.py's
+    test_texts_are_tokenized_and_metrics_answer_while_every_compile_waits): here a sleep of 0.5 s stood
+    for "the compiles have begun", and bounds of 1.5 s and 1 s failed on a busy machine, where the
+    4,000-repeat patterns' compiles also passed the compiler's 30 s limit."""
     import os
 
     import httpx
@@ -82,7 +89,7 @@ def test_texts_are_tokenized_while_requests_wait_on_schema_compiles(server):
     waiting = min(32, (os.cpu_count() or 1) + 4) + 4  # more than the server's default executor has threads
 
     def slow(i: int) -> bytes:
-        schema = {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": "[a-z]{1,4000}"}}}
+        schema = {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": "[a-z]{1,1000}"}}}
         fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
         return json.dumps({"model": NAME, "prompt": "{", "max_tokens": 2, "response_format": fmt}).encode()
 
@@ -94,20 +101,16 @@ def test_texts_are_tokenized_while_requests_wait_on_schema_compiles(server):
     senders = [threading.Thread(target=send, args=(slow(i),)) for i in range(waiting)]
     for t in senders:
         t.start()
-    time.sleep(0.5)
-    start = time.monotonic()
+    # (the schema requests taken in: admitted, or already answered)
+    wait_for(lambda: len(answers) == waiting or server.metrics()["trtforge_http_requests_in_flight"] > 0)
     plain = json.dumps({"model": NAME, "prompt": "def f(x):", "max_tokens": 2}).encode()
     r = httpx.post(server.url + "/v1/completions", content=plain, headers=JSON, timeout=120)
-    took = time.monotonic() - start
-    start = time.monotonic()
     metrics = httpx.get(server.url + "/metrics", timeout=120)
-    metrics_took = time.monotonic() - start
     for t in senders:
         t.join(120)
     assert r.status_code == 200, r.text
+    assert metrics.status_code == 200
     assert [a.status_code for a in answers] == [200] * waiting, [
         a.text for a in answers if a.status_code != 200
     ]
-    assert took < 1.5, f"a plain request waited {took:.1f} s behind the schema compiles"
-    assert metrics.status_code == 200 and metrics_took < 1.0, f"/metrics waited {metrics_took:.1f} s"
     server.wait_blocks_free()

@@ -664,16 +664,26 @@ def _make_choices(
 
 
 class _App(FastAPI):
-    """FastAPI, each HTTP request's scope holding a function that drops its connection at once (under
-    uvicorn, whose send is its request cycle's, the cycle's transport's abort): a stream cut on a client
-    that reads nothing must let go of its socket (:class:`~trtforge.llm.server.responses.SSEResponse`),
-    and uvicorn's close of it waits for that client to read the bytes it still holds."""
+    """FastAPI, each HTTP request's scope holding a function that drops its connection at once
+    (:func:`connection_abort`): a stream cut on a client that reads nothing must let go of its socket
+    (:class:`~trtforge.llm.server.responses.SSEResponse`), and uvicorn's close of it waits for that client
+    to read the bytes it still holds."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        transport = getattr(getattr(send, "__self__", None), "transport", None)
-        if scope["type"] == "http" and callable(getattr(transport, "abort", None)):
-            scope[ABORT_CONNECTION] = functools.partial(_reset, transport)
+        abort = connection_abort(send) if scope["type"] == "http" else None
+        if abort is not None:
+            scope[ABORT_CONNECTION] = abort
         await super().__call__(scope, receive, send)
+
+
+def connection_abort(send: Any) -> Callable[[], None] | None:
+    """A function that drops the connection of ASGI `send` at once, found through uvicorn's internals (its
+    send is its request cycle's bound method, whose ``transport`` is the connection's, with ``abort()``);
+    None under another server. ``run.check_uvicorn`` checks at startup that uvicorn still has them."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if callable(getattr(transport, "abort", None)):
+        return functools.partial(_reset, transport)
+    return None
 
 
 def _reset(transport: Any) -> None:

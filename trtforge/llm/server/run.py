@@ -17,6 +17,7 @@ raised again once uvicorn's handlers are gone, so the process ends as that signa
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import math
@@ -31,7 +32,7 @@ from types import FrameType
 from typing import Any
 
 from trtforge.errors import TrtforgeError, TrtforgeWarning, UserError, shown
-from trtforge.llm.server.app import DEFAULT_SEND_TIMEOUT, ServerState, create_app
+from trtforge.llm.server.app import DEFAULT_SEND_TIMEOUT, ServerState, connection_abort, create_app
 
 log = logging.getLogger("trtforge.serve")
 
@@ -99,6 +100,8 @@ _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+", re.IGNORECASE)
 
 
 def _imports() -> Any:
+    """uvicorn, once the server's dependencies are importable and uvicorn has the internals the server
+    relies on (:func:`check_uvicorn`); a UserError saying which is missing otherwise."""
     try:
         import fastapi  # noqa: F401
         import uvicorn
@@ -107,7 +110,121 @@ def _imports() -> Any:
             f"trtforge serve needs the server's dependencies ({e.name} is missing): "
             "pip install 'trtforge[serve]'."
         ) from None
+    check_uvicorn(uvicorn)
     return uvicorn
+
+
+# What the server relies on of uvicorn beyond its documented Config/Server API, which a uvicorn release
+# may change without notice (check_uvicorn tries each at startup):
+# - BoundedHead (_http_protocol) subclasses uvicorn.protocols.http.httptools_impl.HttpToolsProtocol:
+#   httptools' parser calls the protocol's own on_message_begin and on_headers_complete, each read goes
+#   through data_received, `transport` is the connection's, and STATUS_LINE[431] is the 431 status line.
+#   Where these change, the head bound silently stops applying (or every request fails in the parser).
+# - _App (app.connection_abort) finds the connection's transport as the ASGI send's
+#   ``__self__.transport`` (send is the request cycle's bound method) and drops it with ``abort()``.
+#   Where that changes, a stream cut on a client that reads nothing keeps its socket open for ever.
+# - _DrainingServer overrides uvicorn.Server's handle_exit, on_tick, startup and shutdown and sets or
+#   reads its should_exit, force_exit, started and server_state.tasks: a drain needs every one.
+SERVER_HOOKS = ("handle_exit", "on_tick", "startup", "shutdown")
+SERVER_FIELDS = ("should_exit", "force_exit", "started", "server_state")
+
+
+def check_uvicorn(uvicorn: Any) -> None:
+    """UserError naming uvicorn's version unless it still has the internals listed above: one request,
+    and one head past :data:`MAX_HEAD_BYTES` where httptools is installed, are fed through the protocol
+    the server runs (:func:`_http_protocol`) over a stand-in transport, as uvicorn feeds a connection's
+    reads. A uvicorn that changed them would otherwise serve on, with those bounds silently gone."""
+    server = uvicorn.Server
+    missing = [f"uvicorn.Server.{name}" for name in SERVER_HOOKS if not callable(getattr(server, name, None))]
+    try:
+        protocol = _http_protocol()
+        config = uvicorn.Config(_probe_app, http=protocol, lifespan="off", log_config=None, access_log=False)
+        config.load()
+        probe = server(config)
+        missing += [f"uvicorn.Server's {name}" for name in SERVER_FIELDS if not hasattr(probe, name)]
+        missing += asyncio.run(_probe_protocol(config, probe.server_state, protocol))
+    except (ImportError, AttributeError, TypeError, LookupError) as e:  # an internal changed shape
+        missing.append(f"a request through uvicorn's HTTP protocol failed ({type(e).__name__}: {e})")
+    if missing:
+        version = getattr(uvicorn, "__version__", "(version unknown)")
+        raise UserError(
+            f"trtforge serve relies on uvicorn internals that the installed uvicorn {version} lacks: "
+            f"{'; '.join(missing)}. Without them it would serve with its bounds on request heads and "
+            f"stalled streams, or its drain, silently gone; install a release that has them "
+            f"(pip install 'uvicorn<{version}')."
+        )
+
+
+async def _probe_app(scope: Any, receive: Any, send: Any) -> None:
+    """:func:`check_uvicorn`'s app: drops the connection as the server's app does (:func:`connection_abort`)
+    once it has answered, or answers 500 where it cannot."""
+    abort = connection_abort(send)
+    status = 500 if abort is None else 200
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+    if abort is not None:
+        abort()
+
+
+class _ProbeTransport(asyncio.Transport):
+    """A connection's transport for :func:`check_uvicorn`: keeps what is written and how it ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closed = self.aborted = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
+
+    def write(self, data: Any) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def pause_reading(self) -> None:
+        """(uvicorn's flow control pauses a connection's reads; the probe's come all at once)"""
+
+    def resume_reading(self) -> None:
+        """(as :meth:`pause_reading`)"""
+
+
+async def _probe_protocol(config: Any, server_state: Any, protocol: Any) -> list[str]:
+    """What of the internals :func:`check_uvicorn` checks the HTTP protocol class `config` loaded lacks."""
+    missing = []
+
+    def connect(reads: list[bytes]) -> _ProbeTransport:
+        proto = config.http_protocol_class(config=config, server_state=server_state, app_state={})
+        transport = _ProbeTransport()
+        proto.connection_made(transport)
+        for data in reads:
+            if not transport.is_closing():
+                proto.data_received(data)
+        return transport
+
+    answered = connect([b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"])
+    for _ in range(100):  # (the app runs as a task of its own: a few loop turns)
+        if answered.aborted or answered.written.startswith(b"HTTP/1.1 500"):
+            break
+        await asyncio.sleep(0)
+    if not answered.aborted:
+        missing.append("the ASGI send's __self__.transport.abort() (the request cycle's transport)")
+    if protocol != "h11":
+        piece = b"X: " + b"a" * (MAX_HEAD_BYTES // 4) + b"\r\n"
+        large = connect([b"GET / HTTP/1.1\r\n", *[piece] * 6, b"\r\n"])
+        if not large.written.startswith(b"HTTP/1.1 431"):
+            missing.append(
+                "HttpToolsProtocol's parser callbacks on_message_begin and on_headers_complete, its "
+                "data_received, transport and STATUS_LINE[431] (a head past the bound was not refused)"
+            )
+    return missing
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -220,10 +337,9 @@ def _http_protocol() -> Any:
     with a 431 in OpenAI's schema, and closing its connection. httptools (uvicorn's choice where installed)
     has no bound of its own: one connection sending a 300 MB header grew the server by 360 MB before any
     route, the API key's check included, saw it. Without httptools uvicorn's h11, which bounds it."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-    except ImportError:
+    if importlib.util.find_spec("httptools") is None:
         return "h11"
+    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
     from trtforge.llm.server.protocol import error_body
 
