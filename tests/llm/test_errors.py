@@ -340,6 +340,134 @@ def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsy
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
+class _RunsCode:
+    """Unpickled, calls os.system: what a hostile pytorch_model.bin asks the unpickler to do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _bin_dir(tmp_path: Path, what: str) -> Path:
+    """A tiny Llama's save_pretrained directory whose weights are pytorch_model.bin, with `what` broken."""
+    from safetensors.torch import load_file
+
+    d = tmp_path / what
+    tiny_model("llama").save_pretrained(d)
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    weights = d / "pytorch_model.bin"
+    name = "model.layers.0.self_attn.q_proj.weight"
+    if what == "runs code":
+        torch.save({**tensors, name: _RunsCode(tmp_path / "ran")}, weights)
+    elif what == "runs code, legacy format":
+        torch.save({name: _RunsCode(tmp_path / "ran")}, weights, _use_new_zipfile_serialization=False)
+    elif what == "a list":
+        torch.save(list(tensors.values()), weights)
+    elif what == "a number in the dict":
+        torch.save({**tensors, name: 3}, weights)
+    else:
+        torch.save(
+            {**tensors, name: _WEIGHT_EDITS[what](tensors[name])} if what in _WEIGHT_EDITS else tensors,
+            weights,
+        )
+    if what == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif what == "empty":
+        weights.write_bytes(b"")
+    elif what == "index naming a missing shard":
+        weights.rename(d / "pytorch_model-00001-of-00001.bin")
+        index = {"weight_map": dict.fromkeys(tensors, "pytorch_model-00002-of-00002.bin")}
+        (d / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    elif what == "index not json":
+        weights.rename(d / "pytorch_model-00001-of-00001.bin")
+        (d / "pytorch_model.bin.index.json").write_text('{"weight_map": ')
+    return d
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        # before: transformers' own weights-only load refused it (it ran no code), in a message naming the
+        # directory, cut after torch's advice to load the file again with weights_only=False
+        (
+            "runs code",
+            r"'[^']*/pytorch_model\.bin' is not a plain checkpoint: its pickle asks for what torch's "
+            r"weights-only unpickler refuses \(Trying to load unsupported GLOBAL posix\.system",
+        ),
+        (
+            "runs code, legacy format",
+            r"pytorch_model\.bin' is not a plain checkpoint: .*GLOBAL posix\.system",
+        ),
+        (
+            "truncated",
+            r"cannot read the weights in '[^']*/pytorch_model\.bin' \(RuntimeError: PytorchStreamReader "
+            r"failed reading zip archive.*the file is truncated or damaged",
+        ),
+        (
+            "empty",
+            r"cannot read the weights in '[^']*/pytorch_model\.bin' \(EOFError\); the file is truncated",
+        ),
+        # before: "cannot load the weights in DIR (TypeError: cannot convert dictionary update sequence ...)"
+        ("a list", r"'[^']*/pytorch_model\.bin' holds a list, not a state dict \(tensor name -> tensor\)"),
+        (
+            "a number in the dict",
+            r"pytorch_model\.bin' holds 'model\.layers\.0\.self_attn\.q_proj\.weight': int in its state dict",
+        ),
+        # before: the integers were cast to floats without a word (safetensors files were checked, .bin not)
+        (
+            "integer weight",
+            r"pytorch_model\.bin' stores tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' as "
+            r"torch\.int32, an integer type",
+        ),
+        (
+            "index naming a missing shard",
+            r"cannot read '[^']*/pytorch_model-00002-of-00002\.bin': No such file or directory",
+        ),
+        ("index not json", r"pytorch_model\.bin\.index\.json' is not the index save_pretrained writes"),
+    ],
+)
+def test_a_broken_or_hostile_bin_checkpoint_exits_2_naming_the_file(what, message, tmp_path, capsys):
+    """pytorch_model.bin checkpoints are read by torch's weights-only unpickler onto the meta device before
+    transformers loads them: a pickle asking to run code runs none and is refused naming the file, as is a
+    damaged one or one holding anything but tensors."""
+    d = _bin_dir(tmp_path, what)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for argv in (
+        ["generate", str(d), "--prompt-ids", "1 2 3", "--executor", "torch"],
+        ["compile", str(d), "--generate", "-o", str(tmp_path / "x.engine")],
+    ):
+        assert cli_main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())  # (rich wraps the message)
+        assert "Traceback" not in err and re.search(message, err), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_plain_bin_checkpoint_loads_and_old_torch_is_refused(tmp_path, monkeypatch):
+    """A pytorch_model.bin as save_pretrained wrote it loads as its safetensors twin does; with a torch
+    whose weights-only unpickler can be made to run code (< 2.6, CVE-2025-32434) it is refused naming the
+    file, before anything unpickles it."""
+    from torch.torch_version import TorchVersion
+
+    from trtforge.llm.models.loader import load_causal_lm
+
+    d = _bin_dir(tmp_path, "plain")
+    ref = tiny_model("llama")
+    model = load_causal_lm(str(d))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.5.1"))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("unpickled with an unsafe torch"))
+    with pytest.raises(
+        UserError, match=r"pytorch_model\.bin' is a pickled \(\.bin\) checkpoint, and torch 2\.5\.1"
+    ):
+        load_causal_lm(str(d))
+
+
 def test_a_model_of_impossible_sizes_is_refused_naming_the_config_key(tmp_path):
     """An nn.Module whose config no weights fix: no layers (GPT-2's key spelled as its config spells it),
     KV heads that do not divide the query heads (transformers builds both). Before: an IndexError (exit 1)

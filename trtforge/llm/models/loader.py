@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trtforge._fileio import os_error
 from trtforge._usercode import load_factory
 from trtforge.errors import UserError
 from trtforge.llm.models.base import UNSUPPORTED_HINTS, _stored_key, check_config_sizes
@@ -78,6 +79,7 @@ def load_causal_lm(source: Any) -> Any:
                 + (f" {hint}" if hint else "")
             )
         check_config_sizes(config)  # (else a negative size reads as a weight file's fault)
+        pickled = check_pickled_weights(path)  # (before transformers unpickles them)
         _refuse_config_beyond_weights(path, config)  # (before transformers builds it, maybe for minutes)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
@@ -107,7 +109,7 @@ def load_causal_lm(source: Any) -> Any:
                 "save_pretrained wrote for this config.json."
             )
         _refuse_mismatched(path, info.get("mismatched_keys") or [])
-        _refuse_integer_weights(path, config, model)
+        _refuse_integer_weights(path, config, model, pickled)
         refuse_nan_weights(model, f"'{path}'")
         return model.eval()
     if path.suffix.lower() in (".onnx", ".pt2", ".engine") or path.exists():
@@ -204,26 +206,32 @@ def _refuse_config_beyond_weights(path: Path, config: Any) -> None:
 _NOT_FLOAT = frozenset({"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
 
 
-def _refuse_integer_weights(path: Path, config: Any, model: Any) -> None:
-    """UserError naming a float parameter stored as integers in the directory's safetensors files:
-    transformers casts them to floats without a word (a checkpoint broken in writing, or a quantized one
-    whose config.json lost its quantization_config), so the model would run on nonsense weights."""
+def _refuse_integer_weights(path: Path, config: Any, model: Any, pickled: dict[Path, dict[str, Any]]) -> None:
+    """UserError naming a float parameter stored as integers in the directory's weight files (its
+    safetensors files, or the `pickled` state dicts of its .bin files): transformers casts them to floats
+    without a word (a checkpoint broken in writing, or a quantized one whose config.json lost its
+    quantization_config), so the model would run on nonsense weights."""
     if getattr(config, "quantization_config", None) is not None:
         return
     from safetensors import safe_open
 
     floats = {name for name, t in model.state_dict().items() if t.is_floating_point()}
+    stored: list[tuple[Path, str, str, bool]] = []
     for file in _safetensors_files(path):
         with safe_open(str(file), framework="pt") as f:
             names = f.keys()  # (a safe_open handle is not iterable)
             for name in names:
                 dtype = f.get_slice(name).get_dtype()
-                if name in floats and dtype in _NOT_FLOAT:
-                    raise UserError(
-                        f"'{file}' stores tensor '{name}' as {dtype}, an integer type; the model's parameter "
-                        "is floating-point (BF16, F16 or F32 as save_pretrained writes it). Expected the "
-                        "files save_pretrained wrote for this config.json."
-                    )
+                stored.append((file, name, dtype, dtype not in _NOT_FLOAT))
+    for file, tensors in pickled.items():
+        stored += [(file, n, str(t.dtype), t.is_floating_point()) for n, t in tensors.items()]
+    for file, name, dtype, is_float in stored:
+        if name in floats and not is_float:
+            raise UserError(
+                f"'{file}' stores tensor '{name}' as {dtype}, an integer type; the model's parameter "
+                "is floating-point (BF16, F16 or F32 as save_pretrained writes it). Expected the "
+                "files save_pretrained wrote for this config.json."
+            )
 
 
 def _safetensors_files(path: Path) -> list[Path]:
@@ -235,6 +243,95 @@ def _safetensors_files(path: Path) -> list[Path]:
         return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     single = path / "model.safetensors"
     return [single] if single.is_file() else []
+
+
+#: torch's weights-only unpickler is unsafe before 2.6 (CVE-2025-32434); transformers refuses .bin files there
+_SAFE_TORCH_LOAD = (2, 6)
+
+
+def _bin_files(path: Path) -> list[Path]:
+    """The pickled weight files (.bin) transformers loads from `path` where it holds no safetensors file:
+    the shards its index names, or the one file."""
+    if _safetensors_files(path):  # (transformers prefers them; a .bin beside them is never read)
+        return []
+    index = path / "pytorch_model.bin.index.json"
+    if index.is_file():
+        expected = (
+            "expected a JSON object whose weight_map maps each tensor name to its .bin shard's file name"
+        )
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(
+                f"'{index}' is not the index save_pretrained writes ({_first_line(e)}); {expected}."
+            ) from e
+        if not all(isinstance(name, str) for name in shards):
+            raise UserError(f"'{index}' names a shard by a value that is not a string; {expected}.")
+        return [path / name for name in sorted(shards)]
+    single = path / "pytorch_model.bin"
+    return [single] if single.exists() else []
+
+
+def check_pickled_weights(path: Path) -> dict[Path, dict[str, Any]]:
+    """Each .bin weight file of the save_pretrained directory `path` (:func:`_bin_files`) read by torch's
+    weights-only unpickler onto the meta device (names, shapes and dtypes; no data), which runs no code a
+    pickle asks for; UserError naming the file that holds anything but a state dict of tensors (a pickle
+    that would run code, a truncated or damaged file, a list), or where torch's weights-only unpickler is
+    unsafe (torch < 2.6). Before, transformers' own load said why in a message naming the directory, cut
+    mid-sentence after torch's advice to load the file with weights_only=False."""
+    import pickle
+    import zipfile
+
+    import torch
+    from torch.torch_version import TorchVersion
+
+    out: dict[Path, dict[str, Any]] = {}
+    for file in _bin_files(path):
+        if TorchVersion(torch.__version__) < _SAFE_TORCH_LOAD:
+            raise UserError(
+                f"'{file}' is a pickled (.bin) checkpoint, and torch {torch.__version__}'s weights-only "
+                "unpickler can be made to run code (CVE-2025-32434): install torch >= 2.6, or convert the "
+                "checkpoint to safetensors where it is trusted (save_pretrained writes model.safetensors)."
+            )
+        try:
+            tensors = torch.load(
+                str(file), map_location="meta", weights_only=True, mmap=zipfile.is_zipfile(file)
+            )
+        except pickle.UnpicklingError as e:
+            raise UserError(
+                f"'{file}' is not a plain checkpoint: its pickle asks for what torch's weights-only "
+                f"unpickler refuses ({_unpickler_reason(e)}); trtforge never runs a pickle's code. Expected "
+                "the state dict of tensors save_pretrained writes, or its model.safetensors."
+            ) from e
+        except OSError as e:  # (a directory, a file it may not read)
+            raise os_error(e, file, "read") from e
+        except Exception as e:  # torch's own errors for a truncated or damaged file (RuntimeError, EOFError)
+            raise UserError(
+                f"cannot read the weights in '{file}' ({_first_line(e)}); the file is truncated or damaged. "
+                "Expected the state dict of tensors save_pretrained writes (pytorch_model.bin)."
+            ) from e
+        if not isinstance(tensors, dict):
+            raise UserError(
+                f"'{file}' holds a {type(tensors).__name__}, not a state dict (tensor name -> tensor); "
+                "expected the file save_pretrained writes (pytorch_model.bin)."
+            )
+        for name, value in tensors.items():
+            if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+                raise UserError(
+                    f"'{file}' holds {name!r}: {type(value).__name__} in its state dict; expected tensors "
+                    "by name, as save_pretrained writes them (pytorch_model.bin)."
+                )
+        out[file] = tensors
+    return out
+
+
+def _unpickler_reason(e: BaseException) -> str:
+    """The line of torch's weights-only refusal that says what the pickle asked for ("Trying to load
+    unsupported GLOBAL posix.system ..."), without its advice to load the file with weights_only=False."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    skip = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    reason = next((line for line in lines if not line.startswith(skip)), type(e).__name__)
+    return reason[:300]
 
 
 def refuse_nan_weights(model: Any, where: str) -> None:
