@@ -232,6 +232,7 @@ _CONFIG_EDITS = {
     "negative eps": ("rms_norm_eps", -1.0),
     "100000 layers": ("num_hidden_layers", 100000),
     "huge hidden": ("hidden_size", 10**6),
+    "fewer layers": ("num_hidden_layers", 1),
 }
 
 
@@ -246,8 +247,11 @@ _WEIGHT_EDITS = {
 def _broken_dir(tmp_path, what: str):
     """A save_pretrained directory of a tiny Llama with `what` broken."""
     d = tmp_path / what
-    tiny_model("llama").save_pretrained(d)
-    if what == "config":
+    tiny_model("llama", **({"attention_bias": True} if what == "biases off" else {})).save_pretrained(d)
+    if what == "biases off":
+        config = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(config | {"attention_bias": False}))
+    elif what == "config":
         (d / "config.json").write_text("{not json")
     elif what == "weights":
         weights = d / "model.safetensors"
@@ -323,6 +327,17 @@ def _broken_dir(tmp_path, what: str):
         ),
         # before: the integers were cast to floats without a word (the engine built and generate ran)
         ("integer weight", r"stores tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' as I32, an integer"),
+        # before: transformers dropped the stored layer 1 (or every attention bias) with a warning its
+        # silenced verbosity kept unprinted, and compiled a model other than the checkpoint's (exit 0)
+        (
+            "fewer layers",
+            r"the weights in '[^']*' hold tensors its config\.json has no place for: "
+            r"\['model\.layers\.1\.input_layernorm\.weight', .*\(and \d+ more\); .*num_hidden_layers=1",
+        ),
+        (
+            "biases off",
+            r"has no place for: \['model\.layers\.0\.self_attn\.k_proj\.bias', .*attention_bias, mlp_bias",
+        ),
         # before: generate ran on NaN logits; compile failed its export check (exit 1, no weight named)
         ("nan weight", r"parameter 'model\.layers\.0\.self_attn\.q_proj\.weight' holds NaN\. Expected"),
     ],

@@ -109,6 +109,7 @@ def load_causal_lm(source: Any) -> Any:
                 "save_pretrained wrote for this config.json."
             )
         _refuse_mismatched(path, info.get("mismatched_keys") or [])
+        _refuse_unused_layer_weights(path, config, model, info.get("unexpected_keys") or [])
         _refuse_integer_weights(path, config, model, pickled)
         refuse_nan_weights(model, f"'{path}'")
         return model.eval()
@@ -140,6 +141,27 @@ def _refuse_mismatched(path: Path, mismatched: Any) -> None:
 #: a weight name's layer index, as every supported family spells it (model.layers.3., transformer.h.3.,
 #: transformer.blocks.3., model.decoder.layers.3.); the text before it tells a vision tower's apart
 _LAYER_INDEX = re.compile(r"^(.*?(?:^|\.)(?:layers|h|blocks))\.(\d+)\.")
+
+
+def _refuse_unused_layer_weights(path: Path, config: Any, model: Any, unexpected: Any) -> None:
+    """UserError naming the stored weights of the decoder layers that transformers left unused (its
+    ``unexpected_keys``, after its own list of keys to ignore, such as a multi-token-prediction layer):
+    a layer past num_hidden_layers, or a bias config.json turns off (attention_bias false with biased
+    projections). transformers drops them with a warning that set_verbosity_error silences, and the
+    model compiled would be another than the checkpoint's."""
+    prefixes = {m.group(1) for m in map(_LAYER_INDEX.match, model.state_dict()) if m}
+    unused = sorted(
+        str(name) for name in unexpected if (m := _LAYER_INDEX.match(str(name))) and m.group(1) in prefixes
+    )
+    if unused:
+        layers = f"{_stored_key(config, 'num_hidden_layers')}={getattr(config, 'num_hidden_layers', None)}"
+        more = f" (and {len(unused) - 3} more)" if len(unused) > 3 else ""
+        raise UserError(
+            f"the weights in '{path}' hold tensors its config.json has no place for: {unused[:3]}{more}; "
+            f"transformers would drop them and build another model than the checkpoint's. Check "
+            f"{layers} and the bias settings (attention_bias, mlp_bias) in "
+            f"'{path}/config.json' against the weights: expected config.json as save_pretrained wrote it."
+        )
 
 
 def _refuse_config_beyond_weights(path: Path, config: Any) -> None:
