@@ -233,6 +233,9 @@ _CONFIG_EDITS = {
     "100000 layers": ("num_hidden_layers", 100000),
     "huge hidden": ("hidden_size", 10**6),
     "fewer layers": ("num_hidden_layers", 1),
+    "rope type": ("rope_parameters", {"rope_type": "bogus", "rope_theta": 10000.0}),
+    "pad outside": ("pad_token_id", 10**9),
+    "no positions": ("max_position_embeddings", 0),
 }
 
 
@@ -338,11 +341,31 @@ def _broken_dir(tmp_path, what: str):
             "biases off",
             r"has no place for: \['model\.layers\.0\.self_attn\.k_proj\.bias', .*attention_bias, mlp_bias",
         ),
+        # before: "cannot load the weights ... (KeyError: 'bogus')" and "(AssertionError: Padding_idx must be
+        # within num_embeddings)", blaming the weight files for config.json's key
+        (
+            "rope type",
+            r"llama config: rope_parameters\.rope_type must be one of \[.*'yarn'\], got 'bogus'\.",
+        ),
+        (
+            "pad outside",
+            r"config\.json': pad_token_id=1000000000 lies outside the vocabulary of vocab_size=300 ids",
+        ),
+        # before: compile --generate made a step graph of 2 tokens (the default max_seq, at most the model's
+        # positions); generate said the prompt was too long for a context of 0 tokens
+        ("no positions", r"llama config: max_position_embeddings must be null or an integer >= 1, got 0\."),
         # before: generate ran on NaN logits; compile failed its export check (exit 1, no weight named)
         ("nan weight", r"parameter 'model\.layers\.0\.self_attn\.q_proj\.weight' holds NaN\. Expected"),
     ],
 )
-def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsys):
+def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsys, request):
+    import transformers
+
+    # (transformers' own warning of a pad_token_id outside the vocabulary goes to the stderr its handler took
+    # at its first message, in a worker maybe an earlier test's closed capture: "--- Logging error ---")
+    verbosity = transformers.logging.get_verbosity()
+    request.addfinalizer(lambda: transformers.logging.set_verbosity(verbosity))
+    transformers.logging.set_verbosity_error()
     d = _broken_dir(tmp_path, what)
     before = sorted(p.name for p in tmp_path.rglob("*"))
     for argv in (

@@ -626,6 +626,7 @@ _SIZES = (
     "num_key_value_heads",
     "head_dim",
     "intermediate_size",
+    "max_position_embeddings",
 )
 
 #: the keys the families' configs name their norms' epsilon by
@@ -672,7 +673,12 @@ def _check_rope(config: Any, where: str) -> None:
             entries += [(f"rope_parameters.{t}.", dict(v)) for t, v in params.items() if v is not None]
         else:
             entries.append(("", dict(params)))
+    known = _rope_types()
     for prefix, entry in entries:
+        kind = entry.get("rope_type")
+        if kind is not None and kind not in known:  # (transformers fails building the model on it: KeyError)
+            where_key = prefix or "rope_parameters."
+            raise UserError(f"{where}: {where_key}rope_type must be one of {sorted(known)}, got {kind!r}.")
         for key, (low, high, expected) in _ROPE_KEYS.items():
             value = entry.get(key)
             if value is None:
@@ -682,6 +688,13 @@ def _check_rope(config: Any, where: str) -> None:
                 name = _ROPE_STORED.get((config.model_type, key), key)
                 prefix = prefix or ("rope_parameters." if key == "factor" else "")
                 raise UserError(f"{where}: {prefix}{name} must be {expected}, got {value!r}.")
+
+
+def _rope_types() -> set[str]:
+    """The rotary types transformers builds a table for (its ROPE_INIT_FUNCTIONS, and "default")."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return {"default", *ROPE_INIT_FUNCTIONS}
 
 
 #: the rotary settings :func:`_check_rope` bounds: key -> (exclusive low, inclusive high, what is expected)

@@ -95,6 +95,7 @@ def load_causal_lm(source: Any) -> Any:
             )
         except Exception as e:  # missing, corrupt (safetensors' own error type) or mismatched weight files
             _refuse_unknown_activation(path, config, e)
+            _refuse_pad_outside_vocabulary(path, config, e)
             raise UserError(
                 f"cannot load the weights in '{path}' ({_first_line(e)}); expected the files "
                 "save_pretrained wrote (model.safetensors or pytorch_model.bin) matching config.json."
@@ -389,6 +390,19 @@ def _refuse_unknown_activation(path: Path, config: Any, error: Exception) -> Non
                 f"'{path}/config.json': {key}={error.args[0]!r} is no activation transformers knows; "
                 "transformers cannot build the model."
             ) from error
+
+
+def _refuse_pad_outside_vocabulary(path: Path, config: Any, error: Exception) -> None:
+    """UserError naming pad_token_id where building the model failed on it: transformers passes it to
+    nn.Embedding as padding_idx, whose AssertionError (a pad_token_id past vocab_size) read as the weight
+    files' fault."""
+    pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+    numbers = isinstance(pad, int) and isinstance(vocab, int)
+    if isinstance(error, AssertionError) and numbers and not -vocab <= pad < vocab:
+        raise UserError(
+            f"'{path}/config.json': pad_token_id={pad} lies outside the vocabulary of vocab_size={vocab} "
+            f"ids; transformers cannot build the embedding. Expected a token id below {vocab}, or null."
+        ) from error
 
 
 def refuse_empty_path(source: Any, what: str = "the model") -> None:
