@@ -254,6 +254,8 @@ def _broken_dir(tmp_path, what: str):
     if what == "biases off":
         config = json.loads((d / "config.json").read_text())
         (d / "config.json").write_text(json.dumps(config | {"attention_bias": False}))
+    elif what == "generation eos":
+        (d / "generation_config.json").write_text(json.dumps({"eos_token_id": ["x"]}))
     elif what == "config":
         (d / "config.json").write_text("{not json")
     elif what == "weights":
@@ -354,6 +356,12 @@ def _broken_dir(tmp_path, what: str):
         # before: compile --generate made a step graph of 2 tokens (the default max_seq, at most the model's
         # positions); generate said the prompt was too long for a context of 0 tokens
         ("no positions", r"llama config: max_position_embeddings must be null or an integer >= 1, got 0\."),
+        # before: ValueError from int('x') while the adapter listed the stop ids: an internal error (exit 1)
+        (
+            "generation eos",
+            r"generation_config\.json': eos_token_id must be a token id \(an integer\), a list of them or "
+            r"null; got \['x'\]\.",
+        ),
         # before: generate ran on NaN logits; compile failed its export check (exit 1, no weight named)
         ("nan weight", r"parameter 'model\.layers\.0\.self_attn\.q_proj\.weight' holds NaN\. Expected"),
     ],
@@ -504,6 +512,20 @@ def test_a_plain_bin_checkpoint_loads_and_old_torch_is_refused(tmp_path, monkeyp
         UserError, match=r"pytorch_model\.bin' is a pickled \(\.bin\) checkpoint, and torch 2\.5\.1"
     ):
         load_causal_lm(str(d))
+
+
+@pytest.mark.parametrize("eos", [2.7, "5", True])
+def test_a_stop_id_that_is_not_an_integer_is_refused_by_name(eos):
+    """An nn.Module whose generation config holds a stop id int() would misread (2.7 as 2, "5", true as 1),
+    which transformers does not validate: refused naming the key."""
+    from trtforge.llm.models.families import adapter_for
+
+    model = tiny_model("llama")
+    model.generation_config.eos_token_id = [eos]
+    with pytest.raises(
+        UserError, match=r"generation config eos_token_id \(generation_config\.json\) must be"
+    ):
+        adapter_for(model).spec  # noqa: B018 - the spec lists the stop ids
 
 
 def test_a_model_of_impossible_sizes_is_refused_naming_the_config_key(tmp_path):

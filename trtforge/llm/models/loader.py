@@ -18,7 +18,7 @@ from typing import Any
 from trtforge._fileio import os_error
 from trtforge._usercode import load_factory
 from trtforge.errors import UserError
-from trtforge.llm.models.base import UNSUPPORTED_HINTS, _stored_key, check_config_sizes
+from trtforge.llm.models.base import UNSUPPORTED_HINTS, _stored_key, check_config_sizes, token_ids
 from trtforge.llm.models.families import SUPPORTED
 
 
@@ -112,6 +112,10 @@ def load_causal_lm(source: Any) -> Any:
         _refuse_mismatched(path, info.get("mismatched_keys") or [])
         _refuse_unused_layer_weights(path, config, model, info.get("unexpected_keys") or [])
         _refuse_integer_weights(path, config, model, pickled)
+        generation = getattr(model, "generation_config", None)  # (transformers validates none of its ids)
+        token_ids(
+            getattr(generation, "eos_token_id", None), 0, f"'{path}/generation_config.json': eos_token_id"
+        )
         refuse_nan_weights(model, f"'{path}'")
         return model.eval()
     if path.suffix.lower() in (".onnx", ".pt2", ".engine") or path.exists():
