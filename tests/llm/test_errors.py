@@ -421,6 +421,9 @@ def _bin_dir(tmp_path: Path, what: str) -> Path:
             {**tensors, name: _WEIGHT_EDITS[what](tensors[name])} if what in _WEIGHT_EDITS else tensors,
             weights,
         )
+    if what in _CONFIG_EDITS:
+        key, value = _CONFIG_EDITS[what]
+        (d / "config.json").write_text(json.dumps(json.loads((d / "config.json").read_text()) | {key: value}))
     if what == "truncated":
         weights.write_bytes(weights.read_bytes()[:1000])
     elif what == "empty":
@@ -475,6 +478,13 @@ def _bin_dir(tmp_path: Path, what: str) -> Path:
             r"cannot read '[^']*/pytorch_model-00002-of-00002\.bin': No such file or directory",
         ),
         ("index not json", r"pytorch_model\.bin\.index\.json' is not the index save_pretrained writes"),
+        # before: left to transformers, which built all 100000 layers (gigabytes, minutes) before reporting
+        # the missing weights; now refused from the pickles' meta tensors, as from safetensors headers
+        (
+            "100000 layers",
+            r"config\.json': num_hidden_layers=100000, but the weights in '.*' hold 2 layer\(s\)",
+        ),
+        ("huge hidden", r"config\.json' makes a model far larger than its weights: hidden_size=1000000"),
     ],
 )
 def test_a_broken_or_hostile_bin_checkpoint_exits_2_naming_the_file(what, message, tmp_path, capsys):
@@ -739,4 +749,4 @@ def test_checkpoints_smaller_than_a_plain_one_pass_the_config_against_weights_ch
     (packed / "config.json").write_text(json.dumps(config))
     shared = sorted((Path(__file__).resolve().parents[2] / "../shared/models").glob("code-llama-*"))
     for d in dirs + shared:
-        _refuse_config_beyond_weights(d, tf.AutoConfig.from_pretrained(str(d), local_files_only=True))
+        _refuse_config_beyond_weights(d, tf.AutoConfig.from_pretrained(str(d), local_files_only=True), {})

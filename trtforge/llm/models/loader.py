@@ -80,7 +80,9 @@ def load_causal_lm(source: Any) -> Any:
             )
         check_config_sizes(config)  # (else a negative size reads as a weight file's fault)
         pickled = check_pickled_weights(path)  # (before transformers unpickles them)
-        _refuse_config_beyond_weights(path, config)  # (before transformers builds it, maybe for minutes)
+        _refuse_config_beyond_weights(
+            path, config, pickled
+        )  # (before transformers builds it, maybe for minutes)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
         try:
@@ -169,23 +171,28 @@ def _refuse_unused_layer_weights(path: Path, config: Any, model: Any, unexpected
         )
 
 
-def _refuse_config_beyond_weights(path: Path, config: Any) -> None:
+def _refuse_config_beyond_weights(path: Path, config: Any, pickled: dict[Path, dict[str, Any]]) -> None:
     """UserError naming the config.json key that makes a model far larger than the directory's weights,
-    read from the safetensors headers only (never the data) before transformers builds the model: a layer
+    read from the safetensors headers only (never the data), or the `pickled` .bin files' meta tensors
+    (:func:`check_pickled_weights`), before transformers builds the model: a layer
     count above the layers the weight names hold (num_hidden_layers 100000 with weights for 2), or sizes
     (hidden_size 10**6) whose model needs more parameters than the files hold bits. Before, transformers
     built the whole model (gigabytes, minutes) and only then reported missing or mismatched weights.
     The bound is loose on purpose: one bit a parameter (any quantized checkpoint holds more), an embedding
-    counted once (tied), h*h/2 a layer (the query and output projections hold more). Checkpoints without
-    safetensors files (pytorch_model.bin), or whose headers cannot be read, are left to transformers."""
+    counted once (tied), h*h/2 a layer (the query and output projections hold more). Safetensors files whose
+    headers cannot be read are left to transformers."""
     from safetensors import safe_open
 
     shapes: dict[str, list[int]] = {}
-    try:  # (an index transformers has not read yet may be broken too)
+    if pickled:
+        shapes = {name: list(t.shape) for tensors in pickled.values() for name, t in tensors.items()}
+        files = list(pickled)
+    else:
         files = _safetensors_files(path)
+    try:  # (an index transformers has not read yet may be broken too)
         if not files or not all(f.is_file() for f in files):
             return
-        for file in files:
+        for file in [] if pickled else files:
             with safe_open(str(file), framework="pt") as f:
                 names = f.keys()  # (a safe_open handle is not iterable)
                 shapes.update({name: list(f.get_slice(name).get_shape()) for name in names})
