@@ -254,6 +254,8 @@ def _broken_dir(tmp_path, what: str):
     if what == "biases off":
         config = json.loads((d / "config.json").read_text())
         (d / "config.json").write_text(json.dumps(config | {"attention_bias": False}))
+    elif what == "generation not json":
+        (d / "generation_config.json").write_text('{"eos_token_id": [0, 2')
     elif what == "generation eos":
         (d / "generation_config.json").write_text(json.dumps({"eos_token_id": ["x"]}))
     elif what == "config":
@@ -356,6 +358,11 @@ def _broken_dir(tmp_path, what: str):
         # before: compile --generate made a step graph of 2 tokens (the default max_seq, at most the model's
         # positions); generate said the prompt was too long for a context of 0 tokens
         ("no positions", r"llama config: max_position_embeddings must be null or an integer >= 1, got 0\."),
+        # before: transformers took it for no file, and its stop ids were dropped without a word (exit 0)
+        (
+            "generation not json",
+            r"generation_config\.json' is not a generation config transformers can read \(OSError: ",
+        ),
         # before: ValueError from int('x') while the adapter listed the stop ids: an internal error (exit 1)
         (
             "generation eos",

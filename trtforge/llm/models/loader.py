@@ -79,6 +79,7 @@ def load_causal_lm(source: Any) -> Any:
                 + (f" {hint}" if hint else "")
             )
         check_config_sizes(config)  # (else a negative size reads as a weight file's fault)
+        _check_generation_config(path)
         pickled = check_pickled_weights(path)  # (before transformers unpickles them)
         _refuse_config_beyond_weights(
             path, config, pickled
@@ -401,6 +402,24 @@ def _refuse_unknown_activation(path: Path, config: Any, error: Exception) -> Non
                 f"'{path}/config.json': {key}={error.args[0]!r} is no activation transformers knows; "
                 "transformers cannot build the model."
             ) from error
+
+
+def _check_generation_config(path: Path) -> None:
+    """UserError naming the directory's generation_config.json where transformers cannot read it (not JSON,
+    not an object): its from_pretrained takes that for no file at all and goes on with defaults, so the stop
+    ids the file lists (Llama 3's end-of-turn among them) were dropped without a word."""
+    import transformers
+
+    file = path / "generation_config.json"
+    if not file.exists():
+        return
+    try:
+        transformers.GenerationConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # (OSError for a file that is not JSON, AttributeError for a list, ...)
+        raise UserError(
+            f"'{file}' is not a generation config transformers can read ({_first_line(e)}); expected the "
+            "JSON object save_pretrained writes (its stop ids, eos_token_id, end generation), or no file."
+        ) from e
 
 
 def _refuse_pad_outside_vocabulary(path: Path, config: Any, error: Exception) -> None:
