@@ -81,9 +81,8 @@ def load_causal_lm(source: Any) -> Any:
         check_config_sizes(config)  # (else a negative size reads as a weight file's fault)
         _check_generation_config(path)
         pickled = check_pickled_weights(path)  # (before transformers unpickles them)
-        _refuse_config_beyond_weights(
-            path, config, pickled
-        )  # (before transformers builds it, maybe for minutes)
+        # (before transformers builds the model, maybe for minutes)
+        _refuse_config_beyond_weights(path, config, pickled)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
         try:
@@ -115,7 +114,8 @@ def load_causal_lm(source: Any) -> Any:
         _refuse_mismatched(path, info.get("mismatched_keys") or [])
         _refuse_unused_layer_weights(path, config, model, info.get("unexpected_keys") or [])
         _refuse_integer_weights(path, config, model, pickled)
-        generation = getattr(model, "generation_config", None)  # (transformers validates none of its ids)
+        # (transformers validates none of generation_config.json's ids; checked here, where the file is known)
+        generation = getattr(model, "generation_config", None)
         token_ids(
             getattr(generation, "eos_token_id", None), 0, f"'{path}/generation_config.json': eos_token_id"
         )
@@ -184,16 +184,12 @@ def _refuse_config_beyond_weights(path: Path, config: Any, pickled: dict[Path, d
     headers cannot be read are left to transformers."""
     from safetensors import safe_open
 
-    shapes: dict[str, list[int]] = {}
-    if pickled:
-        shapes = {name: list(t.shape) for tensors in pickled.values() for name, t in tensors.items()}
-        files = list(pickled)
-    else:
-        files = _safetensors_files(path)
+    shapes = {name: list(t.shape) for tensors in pickled.values() for name, t in tensors.items()}
     try:  # (an index transformers has not read yet may be broken too)
+        files = list(pickled) or _safetensors_files(path)
         if not files or not all(f.is_file() for f in files):
             return
-        for file in [] if pickled else files:
+        for file in (f for f in files if f not in pickled):
             with safe_open(str(file), framework="pt") as f:
                 names = f.keys()  # (a safe_open handle is not iterable)
                 shapes.update({name: list(f.get_slice(name).get_shape()) for name in names})
