@@ -40,6 +40,28 @@ def _paged_graph(d: Path) -> str:
     return "paged.onnx"
 
 
+def _damaged_metadata(text: str) -> Setup:
+    """The tiny Llama's slot step graph as step.onnx, its generation metadata replaced by `text`; the
+    command generates from it."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+
+        from tests.llm.tiny_models import tiny_model
+        from trtforge.llm.compile.export import export_step
+        from trtforge.llm.contract import METADATA_KEY
+
+        work = d.parent / "export"
+        work.mkdir()
+        model = tiny_model("llama")
+        proto = export_step(model, max_seq=16, max_batch=1, exporter="legacy", workdir=work).model
+        next(p for p in proto.metadata_props if p.key == METADATA_KEY).value = text
+        onnx.save(proto, str(d / "step.onnx"))
+        return ["generate", "step.onnx", "--prompt-ids", "1 2", "--max-tokens", "1"]
+
+    return setup
+
+
 def _file(name: str, content: bytes, *argv: str) -> Setup:
     """Write `content` to `name` in the work directory; the command is `argv`."""
 
@@ -333,6 +355,18 @@ CASES: dict[str, tuple[Setup, str]] = {
     "compile --generate mpt without ALiBi": (
         lambda d: ["compile", MPT_NO_ALIBI, "--generate", "--max-seq", "64", "-q", "-o", "s.engine"],
         r"mpt model MptForCausalLM: its config sets attn_config.alibi=False \(learned positions",
+    ),
+    # before: json's JSONDecodeError (a truncated or hand-edited graph), an internal error with its trace
+    "generate a step graph whose metadata is not JSON": (
+        _damaged_metadata('{"max_seq": 16, "cache'),
+        r"step graph 'step\.onnx': its 'trtforge\.generation' metadata is not valid JSON "
+        r"\(Unterminated string",
+    ),
+    # before: AttributeError: 'list' object has no attribute 'get', an internal error with its trace
+    "generate a step graph whose metadata is not an object": (
+        _damaged_metadata("[16, 1]"),
+        r"step graph 'step\.onnx': its 'trtforge\.generation' metadata is not a JSON object "
+        r"\(it is '\[16, 1\]'\)",
     ),
     "generate mpt without ALiBi": (
         lambda d: ["generate", MPT_NO_ALIBI, "--prompt-ids", "1 2"],

@@ -107,3 +107,23 @@ def test_the_calibration_report_is_strict_json(tmp_path: Path, monkeypatch: pyte
     assert main([*argv, "--report", str(report), "--quiet"]) == 0
     doc = _strict(report.read_text())
     assert doc["accuracy"] == {"snr_db": None} and doc["method"]
+
+
+def test_step_graph_generation_metadata_is_strict_json_and_an_old_one_is_still_read() -> None:
+    """Before: set_generation_metadata wrote with json.dumps, so a step graph of a gpt-oss whose attention
+    sink is -inf (a head with no sink, which refuse_nan_weights lets be) carried the word -Infinity in its
+    ``trtforge.generation`` metadata, which a strict reader refuses. Now it is null, as in the manifest's
+    copy; a graph written before, holding the words, is still read."""
+    import onnx
+
+    from trtforge.llm.contract import METADATA_KEY, generation_metadata, set_generation_metadata
+
+    proto = onnx.ModelProto()
+    set_generation_metadata(proto, {"max_seq": 16, "attn_sinks": [[-math.inf, 1.5]], "x": float("nan")})
+    text = next(p.value for p in proto.metadata_props if p.key == METADATA_KEY)
+    assert _strict(text) == {"max_seq": 16, "attn_sinks": [[None, 1.5]], "x": None}
+    assert generation_metadata(proto, "step.onnx")["attn_sinks"] == [[None, 1.5]]
+
+    old = onnx.ModelProto()
+    old.metadata_props.add(key=METADATA_KEY, value='{"max_seq": 16, "attn_sinks": [[-Infinity, 1.5]]}')
+    assert generation_metadata(old, "old.onnx")["attn_sinks"] == [[-math.inf, 1.5]]

@@ -256,6 +256,10 @@ _CONFIG_EDITS = {
     "negative eps": ("rms_norm_eps", -1.0),
     "100000 layers": ("num_hidden_layers", 100000),
     "huge hidden": ("hidden_size", 10**6),
+    "fewer layers": ("num_hidden_layers", 1),
+    "rope type": ("rope_parameters", {"rope_type": "bogus", "rope_theta": 10000.0}),
+    "pad outside": ("pad_token_id", 10**9),
+    "no positions": ("max_position_embeddings", 0),
 }
 
 
@@ -270,8 +274,15 @@ _WEIGHT_EDITS = {
 def _broken_dir(tmp_path, what: str):
     """A save_pretrained directory of a tiny Llama with `what` broken."""
     d = tmp_path / what
-    tiny_model("llama").save_pretrained(d)
-    if what == "config":
+    tiny_model("llama", **({"attention_bias": True} if what == "biases off" else {})).save_pretrained(d)
+    if what == "biases off":
+        config = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(config | {"attention_bias": False}))
+    elif what == "generation not json":
+        (d / "generation_config.json").write_text('{"eos_token_id": [0, 2')
+    elif what == "generation eos":
+        (d / "generation_config.json").write_text(json.dumps({"eos_token_id": ["x"]}))
+    elif what == "config":
         (d / "config.json").write_text("{not json")
     elif what == "weights":
         weights = d / "model.safetensors"
@@ -347,11 +358,53 @@ def _broken_dir(tmp_path, what: str):
         ),
         # before: the integers were cast to floats without a word (the engine built and generate ran)
         ("integer weight", r"stores tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' as I32, an integer"),
+        # before: transformers dropped the stored layer 1 (or every attention bias) with a warning its
+        # silenced verbosity kept unprinted, and compiled a model other than the checkpoint's (exit 0)
+        (
+            "fewer layers",
+            r"the weights in '[^']*' hold tensors its config\.json has no place for: "
+            r"\['model\.layers\.1\.input_layernorm\.weight', .*\(and \d+ more\); .*num_hidden_layers=1",
+        ),
+        (
+            "biases off",
+            r"has no place for: \['model\.layers\.0\.self_attn\.k_proj\.bias', .*attention_bias, mlp_bias",
+        ),
+        # before: "cannot load the weights ... (KeyError: 'bogus')" and "(AssertionError: Padding_idx must be
+        # within num_embeddings)", blaming the weight files for config.json's key
+        (
+            "rope type",
+            r"llama config: rope_parameters\.rope_type must be one of \[.*'yarn'\], got 'bogus'\.",
+        ),
+        (
+            "pad outside",
+            r"config\.json': pad_token_id=1000000000 lies outside the vocabulary of vocab_size=300 ids",
+        ),
+        # before: compile --generate made a step graph of 2 tokens (the default max_seq, at most the model's
+        # positions); generate said the prompt was too long for a context of 0 tokens
+        ("no positions", r"llama config: max_position_embeddings must be null or an integer >= 1, got 0\."),
+        # before: transformers took it for no file, and its stop ids were dropped without a word (exit 0)
+        (
+            "generation not json",
+            r"generation_config\.json' is not a generation config transformers can read \(OSError: ",
+        ),
+        # before: ValueError from int('x') while the adapter listed the stop ids: an internal error (exit 1)
+        (
+            "generation eos",
+            r"generation_config\.json': eos_token_id must be a token id \(an integer\), a list of them or "
+            r"null; got \['x'\]\.",
+        ),
         # before: generate ran on NaN logits; compile failed its export check (exit 1, no weight named)
         ("nan weight", r"parameter 'model\.layers\.0\.self_attn\.q_proj\.weight' holds NaN\. Expected"),
     ],
 )
-def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsys):
+def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsys, request):
+    import transformers
+
+    # (transformers' own warning of a pad_token_id outside the vocabulary goes to the stderr its handler took
+    # at its first message, in a worker maybe an earlier test's closed capture: "--- Logging error ---")
+    verbosity = transformers.logging.get_verbosity()
+    request.addfinalizer(lambda: transformers.logging.set_verbosity(verbosity))
+    transformers.logging.set_verbosity_error()
     d = _broken_dir(tmp_path, what)
     before = sorted(p.name for p in tmp_path.rglob("*"))
     for argv in (
@@ -362,6 +415,158 @@ def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsy
         err = capsys.readouterr().err
         assert "Traceback" not in err and re.search(message, err), err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+class _RunsCode:
+    """Unpickled, calls os.system: what a hostile pytorch_model.bin asks the unpickler to do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _bin_dir(tmp_path: Path, what: str) -> Path:
+    """A tiny Llama's save_pretrained directory whose weights are pytorch_model.bin, with `what` broken."""
+    from safetensors.torch import load_file
+
+    d = tmp_path / what
+    tiny_model("llama").save_pretrained(d)
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    weights = d / "pytorch_model.bin"
+    name = "model.layers.0.self_attn.q_proj.weight"
+    if what == "runs code":
+        torch.save({**tensors, name: _RunsCode(tmp_path / "ran")}, weights)
+    elif what == "runs code, legacy format":
+        torch.save({name: _RunsCode(tmp_path / "ran")}, weights, _use_new_zipfile_serialization=False)
+    elif what == "a list":
+        torch.save(list(tensors.values()), weights)
+    elif what == "a number in the dict":
+        torch.save({**tensors, name: 3}, weights)
+    else:
+        torch.save(
+            {**tensors, name: _WEIGHT_EDITS[what](tensors[name])} if what in _WEIGHT_EDITS else tensors,
+            weights,
+        )
+    if what in _CONFIG_EDITS:
+        key, value = _CONFIG_EDITS[what]
+        (d / "config.json").write_text(json.dumps(json.loads((d / "config.json").read_text()) | {key: value}))
+    if what == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif what == "empty":
+        weights.write_bytes(b"")
+    elif what == "index naming a missing shard":
+        weights.rename(d / "pytorch_model-00001-of-00001.bin")
+        index = {"weight_map": dict.fromkeys(tensors, "pytorch_model-00002-of-00002.bin")}
+        (d / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    elif what == "index not json":
+        weights.rename(d / "pytorch_model-00001-of-00001.bin")
+        (d / "pytorch_model.bin.index.json").write_text('{"weight_map": ')
+    return d
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        # before: transformers' own weights-only load refused it (it ran no code), in a message naming the
+        # directory, cut after torch's advice to load the file again with weights_only=False
+        (
+            "runs code",
+            r"'[^']*/pytorch_model\.bin' is not a plain checkpoint: its pickle asks for what torch's "
+            r"weights-only unpickler refuses \(Trying to load unsupported GLOBAL posix\.system",
+        ),
+        (
+            "runs code, legacy format",
+            r"pytorch_model\.bin' is not a plain checkpoint: .*GLOBAL posix\.system",
+        ),
+        (
+            "truncated",
+            r"cannot read the weights in '[^']*/pytorch_model\.bin' \(RuntimeError: PytorchStreamReader "
+            r"failed reading zip archive.*the file is truncated or damaged",
+        ),
+        (
+            "empty",
+            r"cannot read the weights in '[^']*/pytorch_model\.bin' \(EOFError\); the file is truncated",
+        ),
+        # before: "cannot load the weights in DIR (TypeError: cannot convert dictionary update sequence ...)"
+        ("a list", r"'[^']*/pytorch_model\.bin' holds a list, not a state dict \(tensor name -> tensor\)"),
+        (
+            "a number in the dict",
+            r"pytorch_model\.bin' holds 'model\.layers\.0\.self_attn\.q_proj\.weight': int in its state dict",
+        ),
+        # before: the integers were cast to floats without a word (safetensors files were checked, .bin not)
+        (
+            "integer weight",
+            r"pytorch_model\.bin' stores tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' as "
+            r"torch\.int32, an integer type",
+        ),
+        (
+            "index naming a missing shard",
+            r"cannot read '[^']*/pytorch_model-00002-of-00002\.bin': No such file or directory",
+        ),
+        ("index not json", r"pytorch_model\.bin\.index\.json' is not the index save_pretrained writes"),
+        # before: left to transformers, which built all 100000 layers (gigabytes, minutes) before reporting
+        # the missing weights; now refused from the pickles' meta tensors, as from safetensors headers
+        (
+            "100000 layers",
+            r"config\.json': num_hidden_layers=100000, but the weights in '.*' hold 2 layer\(s\)",
+        ),
+        ("huge hidden", r"config\.json' makes a model far larger than its weights: hidden_size=1000000"),
+    ],
+)
+def test_a_broken_or_hostile_bin_checkpoint_exits_2_naming_the_file(what, message, tmp_path, capsys):
+    """pytorch_model.bin checkpoints are read by torch's weights-only unpickler onto the meta device before
+    transformers loads them: a pickle asking to run code runs none and is refused naming the file, as is a
+    damaged one or one holding anything but tensors."""
+    d = _bin_dir(tmp_path, what)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for argv in (
+        ["generate", str(d), "--prompt-ids", "1 2 3", "--executor", "torch"],
+        ["compile", str(d), "--generate", "-o", str(tmp_path / "x.engine")],
+    ):
+        assert cli_main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())  # (rich wraps the message)
+        assert "Traceback" not in err and re.search(message, err), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_plain_bin_checkpoint_loads_and_old_torch_is_refused(tmp_path, monkeypatch):
+    """A pytorch_model.bin as save_pretrained wrote it loads as its safetensors twin does; with a torch
+    whose weights-only unpickler can be made to run code (< 2.6, CVE-2025-32434) it is refused naming the
+    file, before anything unpickles it."""
+    from torch.torch_version import TorchVersion
+
+    from trtforge.llm.models.loader import load_causal_lm
+
+    d = _bin_dir(tmp_path, "plain")
+    ref = tiny_model("llama")
+    model = load_causal_lm(str(d))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.5.1"))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("unpickled with an unsafe torch"))
+    with pytest.raises(
+        UserError, match=r"pytorch_model\.bin' is a pickled \(\.bin\) checkpoint, and torch 2\.5\.1"
+    ):
+        load_causal_lm(str(d))
+
+
+@pytest.mark.parametrize("eos", [2.7, "5", True])
+def test_a_stop_id_that_is_not_an_integer_is_refused_by_name(eos):
+    """An nn.Module whose generation config holds a stop id int() would misread (2.7 as 2, "5", true as 1),
+    which transformers does not validate: refused naming the key."""
+    from trtforge.llm.models.families import adapter_for
+
+    model = tiny_model("llama")
+    model.generation_config.eos_token_id = [eos]
+    with pytest.raises(
+        UserError, match=r"generation config eos_token_id \(generation_config\.json\) must be"
+    ):
+        adapter_for(model).spec  # noqa: B018 - the spec lists the stop ids
 
 
 def test_a_model_of_impossible_sizes_is_refused_naming_the_config_key(tmp_path):
@@ -575,4 +780,4 @@ def test_checkpoints_smaller_than_a_plain_one_pass_the_config_against_weights_ch
     (packed / "config.json").write_text(json.dumps(config))
     shared = sorted((Path(__file__).resolve().parents[2] / "../shared/models").glob("code-llama-*"))
     for d in dirs + shared:
-        _refuse_config_beyond_weights(d, tf.AutoConfig.from_pretrained(str(d), local_files_only=True))
+        _refuse_config_beyond_weights(d, tf.AutoConfig.from_pretrained(str(d), local_files_only=True), {})

@@ -15,12 +15,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtforge._fileio import (
     as_path,
     atomic_outputs,
-    atomic_write_bytes,
     check_distinct_outputs,
     check_output_path,
     refuse_overwriting_inputs,
@@ -30,6 +29,9 @@ from trtforge._fileio import (
 from trtforge.core.manifest import Manifest, manifest_path_for, publish_engine, resolve_pending
 from trtforge.core.version import __version__
 from trtforge.errors import UserError
+
+if TYPE_CHECKING:
+    import onnx
 
 Log = Callable[[str], None]
 PathArg = str | os.PathLike[str] | None
@@ -195,10 +197,14 @@ class CompileSession:
             self.out, manifest_path, manifest, self.timings, self.records, self._onnx_result()
         )
 
-    def publish_onnx(self, onnx_path: Path) -> CompileResult:
-        """A session without an engine build: write the final ONNX to `--save-onnx` atomically."""
+    def publish_onnx(self, model: onnx.ModelProto) -> CompileResult:
+        """A session without an engine build: write the final ONNX `model` to `--save-onnx` atomically,
+        with its external data file beside it as one group where it is too large for one protobuf
+        (:func:`~trtforge.core.onnx_io.save_onnx_atomic`)."""
+        from trtforge.core.onnx_io import save_onnx_atomic
+
         assert self.save_onnx is not None
-        atomic_write_bytes(self.save_onnx, onnx_path.read_bytes())
+        save_onnx_atomic(model, self.save_onnx)
         return CompileResult(None, None, None, self.timings, self.records, self._onnx_result())
 
     def _onnx_result(self) -> Path | None:

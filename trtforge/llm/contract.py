@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from trtforge._fileio import json_text
 from trtforge.core.manifest import ShapeRange
 from trtforge.core.onnx_io import GENERATION_KEY
 from trtforge.errors import UserError
@@ -111,19 +112,43 @@ def input_vocab_size(generation: dict[str, Any]) -> int:
 
 
 def set_generation_metadata(model: onnx.ModelProto, generation: dict[str, Any]) -> None:
-    """Store the generation section in the graph's metadata_props (replacing an older one)."""
+    """Store the generation section in the graph's metadata_props (replacing an older one), as strict JSON
+    (:func:`~trtforge._fileio.json_text`: an infinite attention sink or a NaN figure is null), as the
+    manifest's copy of it is."""
     keep = [p for p in model.metadata_props if p.key != METADATA_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
-    model.metadata_props.add(key=METADATA_KEY, value=json.dumps(generation))
+    model.metadata_props.add(key=METADATA_KEY, value=json_text(generation, indent=None))
 
 
 def generation_metadata(model: onnx.ModelProto, where: str) -> dict[str, Any]:
-    """Read the generation section of a step graph; UserError when it is not one."""
+    """Read the generation section of a step graph; UserError when it is not one, or when its metadata is
+    not a JSON object (graphs written before it was strict JSON, holding NaN or Infinity, are still read)."""
     for prop in model.metadata_props:
         if prop.key == METADATA_KEY:
-            return json.loads(prop.value)
+            return _parse_generation(prop.value, where)
     raise UserError(
         f"'{where}' is not a trtforge step graph (no '{METADATA_KEY}' metadata). Export one with "
         "`trtforge compile MODEL --generate --save-onnx step.onnx` or trtforge.llm.compile.export_step."
     )
+
+
+def _parse_generation(text: str, where: str) -> dict[str, Any]:
+    """The generation section `text` of the step graph `where` as a dict; UserError naming the file and the
+    key when it is not JSON or not an object (a damaged or hand-edited graph: the executors would fail deep
+    inside on it)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, nesting past the parser's depth
+        raise UserError(
+            f"step graph '{where}': its '{METADATA_KEY}' metadata is not valid JSON ({e}); expected the JSON "
+            "object trtforge writes. Export the graph again with `trtforge compile MODEL --generate "
+            "--save-onnx step.onnx`."
+        ) from e
+    if not isinstance(data, dict):
+        raise UserError(
+            f"step graph '{where}': its '{METADATA_KEY}' metadata is not a JSON object (it is "
+            f"{text[:40]!r}); expected the JSON object trtforge writes. Export the graph again with "
+            "`trtforge compile MODEL --generate --save-onnx step.onnx`."
+        )
+    return data

@@ -69,6 +69,35 @@ def test_save_pretrained_directory_source(tmp_path):
     assert llm.generate([[5, 6, 7]], 8, stop_at_eos=False) == want
 
 
+@pytest.mark.parametrize("build", [False, pytest.param(True, marks=pytest.mark.trt_build)])
+def test_a_step_graph_past_the_protobuf_limit_is_written_with_its_external_data(build, tmp_path, monkeypatch):
+    """A step graph of 2 GB or more cannot be one protobuf: compile --generate saved it with onnx.save, which
+    raised ValueError ("exceeds maximum protobuf size of 2GB") with or without an engine build. Now it is
+    saved as every ONNX file trtforge writes (core.onnx_io.save_onnx: weights in FILE.data beside it past
+    EXTERNAL_DATA_THRESHOLD, lowered here to a tiny model's size), --save-onnx written with its data file
+    as one group, and the graph runs as the one-file graph does."""
+    from trtforge.core import onnx_io
+
+    model = tiny_model("llama")
+    batch = prompts(model.config.vocab_size)
+    want = _graph(model, tmp_path / "whole.onnx", "fp16").generate(batch, NEW, stop_at_eos=False)
+    assert not (tmp_path / "whole.onnx.data").exists()
+    monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 1000)
+    out = tmp_path / "big" / "step.onnx"
+    out.parent.mkdir()
+    engine = tmp_path / "big" / "step.engine" if build else None
+    options = {"max_seq": 64, "max_batch": 4, "max_prefill": 32, "exporter": "legacy", "progress": False}
+    trtforge.compile(model, output=engine, generate=True, build=build, save_onnx=out, **options)
+    data = out.with_name("step.onnx.data")
+    names = {"step.onnx", "step.onnx.data"} | ({"step.engine", "step.engine.json"} if build else set())
+    assert {p.name for p in out.parent.iterdir()} == names
+    assert out.stat().st_size < data.stat().st_size
+    assert onnx_io.external_data_files(out) == [data]
+    assert trtforge.llm.api.load(out).generate(batch, NEW, stop_at_eos=False) == want
+    if build:
+        assert read_manifest(engine).source["onnx_sha256"] == onnx_io.source_sha256(out)
+
+
 @pytest.mark.trt_build
 @pytest.mark.parametrize(
     "factory",

@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from trtforge._fileio import atomic_write_bytes, sha256_bytes
+from trtforge.core import onnx_io
 from trtforge.errors import UserError, shown
 from trtforge.llm.compile.build import build_step_engine
 from trtforge.llm.compile.export import (
@@ -279,10 +280,13 @@ def compile_generate(
             generation["cache"]["num_blocks"] = pool_blocks
         generation["profiles"] = {"prefill": PREFILL, "decode": DECODE}
         set_generation_metadata(proto, generation)
-        onnx_path = session.workdir / "step_final.onnx"
-        onnx.save(proto, str(onnx_path))
         if not build:
-            return session.publish_onnx(onnx_path)
+            return session.publish_onnx(proto)
+        # (weights in NAME.data past protobuf's 2 GB, as every ONNX file trtforge writes; the save moves them
+        # out of `proto`: --save-onnx is written from the file, named as it so that the data file it names
+        # and the manifest's hash are the same)
+        name = Path(os.fsdecode(save_onnx)).name if save_onnx is not None else "step_final.onnx"
+        onnx_path = onnx_io.save_onnx(proto, session.workdir / name)
         with session.stage("build", "building the step engine (prefill + decode profiles)"):
             engine, build_record = build_step_engine(
                 onnx_path,
@@ -306,7 +310,7 @@ def compile_generate(
             source={
                 "kind": "causal_lm",
                 "path": str(model) if isinstance(model, (str, os.PathLike)) else type(lm).__name__,
-                "onnx_sha256": sha256_bytes(onnx_path.read_bytes()),
+                "onnx_sha256": onnx_io.source_sha256(onnx_path),
                 "opset": 24,
             },
             build_options={
@@ -326,7 +330,7 @@ def compile_generate(
             generation=generation,
         )
         return session.publish(
-            engine, manifest, lambda path: atomic_write_bytes(path, onnx_path.read_bytes())
+            engine, manifest, lambda path: onnx_io.save_onnx_atomic(onnx_io.load_onnx(onnx_path), path)
         )
 
 

@@ -9,6 +9,7 @@ out. The step-graph export (``llm.compile.step``) runs it on ``[B, S, H]`` and t
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -490,10 +491,15 @@ def _describe_moe(moe: list[SparseMoe | None]) -> dict[str, Any] | None:
     return first
 
 
-def token_ids(value: Any, vocab: int) -> list[int]:
-    """The ids in `value` (one id, a list of them or None) that lie in a vocabulary of `vocab` tokens."""
+def token_ids(value: Any, vocab: int, what: str) -> list[int]:
+    """The ids in `value` (one id, a list of them or None) that lie in a vocabulary of `vocab` tokens;
+    UserError naming `what` (the key) for one that is not an integer: transformers does not validate a
+    generation_config.json, whose "eos_token_id": "x" failed int() as an internal error, and int() would
+    read "5", 2.7 or true as ids."""
     ids = value if isinstance(value, (list, tuple)) else [value]
-    return [int(i) for i in ids if i is not None and 0 <= int(i) < vocab]
+    if any(i is not None and (not isinstance(i, numbers.Integral) or isinstance(i, bool)) for i in ids):
+        raise UserError(f"{what} must be a token id (an integer), a list of them or null; got {value!r}.")
+    return [int(i) for i in ids if i is not None and 0 <= i < vocab]
 
 
 def eos_token_ids(model: Any) -> list[int]:
@@ -502,9 +508,10 @@ def eos_token_ids(model: Any) -> list[int]:
     logits' width (:func:`logits_width`: a head pruned to a prefix of the vocabulary) is never sampled, so
     it is dropped rather than kept as a stop id that cannot fire."""
     config, width = model.config, logits_width(model)
-    ids = token_ids(config.eos_token_id, width)
+    ids = token_ids(config.eos_token_id, width, "the model config's eos_token_id (config.json)")
     generation = getattr(model, "generation_config", None)
-    more = token_ids(getattr(generation, "eos_token_id", None), width)
+    what = "the model's generation config eos_token_id (generation_config.json)"
+    more = token_ids(getattr(generation, "eos_token_id", None), width, what)
     return ids + [i for i in dict.fromkeys(more) if i not in ids]
 
 
@@ -626,6 +633,7 @@ _SIZES = (
     "num_key_value_heads",
     "head_dim",
     "intermediate_size",
+    "max_position_embeddings",
 )
 
 #: the keys the families' configs name their norms' epsilon by
@@ -672,7 +680,12 @@ def _check_rope(config: Any, where: str) -> None:
             entries += [(f"rope_parameters.{t}.", dict(v)) for t, v in params.items() if v is not None]
         else:
             entries.append(("", dict(params)))
+    known = _rope_types()
     for prefix, entry in entries:
+        kind = entry.get("rope_type")
+        if kind is not None and kind not in known:  # (transformers fails building the model on it: KeyError)
+            where_key = prefix or "rope_parameters."
+            raise UserError(f"{where}: {where_key}rope_type must be one of {sorted(known)}, got {kind!r}.")
         for key, (low, high, expected) in _ROPE_KEYS.items():
             value = entry.get(key)
             if value is None:
@@ -682,6 +695,13 @@ def _check_rope(config: Any, where: str) -> None:
                 name = _ROPE_STORED.get((config.model_type, key), key)
                 prefix = prefix or ("rope_parameters." if key == "factor" else "")
                 raise UserError(f"{where}: {prefix}{name} must be {expected}, got {value!r}.")
+
+
+def _rope_types() -> set[str]:
+    """The rotary types transformers builds a table for (its ROPE_INIT_FUNCTIONS, and "default")."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return {"default", *ROPE_INIT_FUNCTIONS}
 
 
 #: the rotary settings :func:`_check_rope` bounds: key -> (exclusive low, inclusive high, what is expected)
@@ -1241,7 +1261,12 @@ class DecoderAdapter(ABC):
             attn_softcaps=list(self.softcaps),
             alibi_slopes=[None if s is None else [float(x) for x in s.tolist()] for s in self.alibi_slopes],
             attn_sinks=[None if s is None else [float(x) for x in s.tolist()] for s in self.sinks],
-            bos_token_id=next(iter(token_ids(c.bos_token_id, c.vocab_size)), None),
+            bos_token_id=next(
+                iter(
+                    token_ids(c.bos_token_id, c.vocab_size, "the model config's bos_token_id (config.json)")
+                ),
+                None,
+            ),
             eos_token_ids=eos_token_ids(self.model),
             mlp_kinds=["dense" if m is None else "moe" for m in self.moe],
             moe=_describe_moe(self.moe),

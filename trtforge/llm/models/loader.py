@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trtforge._fileio import os_error
 from trtforge._usercode import load_factory
 from trtforge.errors import UserError
-from trtforge.llm.models.base import UNSUPPORTED_HINTS, _stored_key, check_config_sizes
+from trtforge.llm.models.base import UNSUPPORTED_HINTS, _stored_key, check_config_sizes, token_ids
 from trtforge.llm.models.families import SUPPORTED
 
 
@@ -78,7 +79,10 @@ def load_causal_lm(source: Any) -> Any:
                 + (f" {hint}" if hint else "")
             )
         check_config_sizes(config)  # (else a negative size reads as a weight file's fault)
-        _refuse_config_beyond_weights(path, config)  # (before transformers builds it, maybe for minutes)
+        _check_generation_config(path)
+        pickled = check_pickled_weights(path)  # (before transformers unpickles them)
+        # (before transformers builds the model, maybe for minutes)
+        _refuse_config_beyond_weights(path, config, pickled)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
         try:
@@ -93,6 +97,7 @@ def load_causal_lm(source: Any) -> Any:
             )
         except Exception as e:  # missing, corrupt (safetensors' own error type) or mismatched weight files
             _refuse_unknown_activation(path, config, e)
+            _refuse_pad_outside_vocabulary(path, config, e)
             raise UserError(
                 f"cannot load the weights in '{path}' ({_first_line(e)}); expected the files "
                 "save_pretrained wrote (model.safetensors or pytorch_model.bin) matching config.json."
@@ -107,7 +112,13 @@ def load_causal_lm(source: Any) -> Any:
                 "save_pretrained wrote for this config.json."
             )
         _refuse_mismatched(path, info.get("mismatched_keys") or [])
-        _refuse_integer_weights(path, config, model)
+        _refuse_unused_layer_weights(path, config, model, info.get("unexpected_keys") or [])
+        _refuse_integer_weights(path, config, model, pickled)
+        # (transformers validates none of generation_config.json's ids; checked here, where the file is known)
+        generation = getattr(model, "generation_config", None)
+        token_ids(
+            getattr(generation, "eos_token_id", None), 0, f"'{path}/generation_config.json': eos_token_id"
+        )
         refuse_nan_weights(model, f"'{path}'")
         return model.eval()
     if path.suffix.lower() in (".onnx", ".pt2", ".engine") or path.exists():
@@ -140,23 +151,45 @@ def _refuse_mismatched(path: Path, mismatched: Any) -> None:
 _LAYER_INDEX = re.compile(r"^(.*?(?:^|\.)(?:layers|h|blocks))\.(\d+)\.")
 
 
-def _refuse_config_beyond_weights(path: Path, config: Any) -> None:
+def _refuse_unused_layer_weights(path: Path, config: Any, model: Any, unexpected: Any) -> None:
+    """UserError naming the stored weights of the decoder layers that transformers left unused (its
+    ``unexpected_keys``, after its own list of keys to ignore, such as a multi-token-prediction layer):
+    a layer past num_hidden_layers, or a bias config.json turns off (attention_bias false with biased
+    projections). transformers drops them with a warning that set_verbosity_error silences, and the
+    model compiled would be another than the checkpoint's."""
+    prefixes = {m.group(1) for m in map(_LAYER_INDEX.match, model.state_dict()) if m}
+    unused = sorted(
+        str(name) for name in unexpected if (m := _LAYER_INDEX.match(str(name))) and m.group(1) in prefixes
+    )
+    if unused:
+        layers = f"{_stored_key(config, 'num_hidden_layers')}={getattr(config, 'num_hidden_layers', None)}"
+        more = f" (and {len(unused) - 3} more)" if len(unused) > 3 else ""
+        raise UserError(
+            f"the weights in '{path}' hold tensors its config.json has no place for: {unused[:3]}{more}; "
+            f"transformers would drop them and build another model than the checkpoint's. Check "
+            f"{layers} and the bias settings (attention_bias, mlp_bias) in "
+            f"'{path}/config.json' against the weights: expected config.json as save_pretrained wrote it."
+        )
+
+
+def _refuse_config_beyond_weights(path: Path, config: Any, pickled: dict[Path, dict[str, Any]]) -> None:
     """UserError naming the config.json key that makes a model far larger than the directory's weights,
-    read from the safetensors headers only (never the data) before transformers builds the model: a layer
+    read from the safetensors headers only (never the data), or the `pickled` .bin files' meta tensors
+    (:func:`check_pickled_weights`), before transformers builds the model: a layer
     count above the layers the weight names hold (num_hidden_layers 100000 with weights for 2), or sizes
     (hidden_size 10**6) whose model needs more parameters than the files hold bits. Before, transformers
     built the whole model (gigabytes, minutes) and only then reported missing or mismatched weights.
     The bound is loose on purpose: one bit a parameter (any quantized checkpoint holds more), an embedding
-    counted once (tied), h*h/2 a layer (the query and output projections hold more). Checkpoints without
-    safetensors files (pytorch_model.bin), or whose headers cannot be read, are left to transformers."""
+    counted once (tied), h*h/2 a layer (the query and output projections hold more). Safetensors files whose
+    headers cannot be read are left to transformers."""
     from safetensors import safe_open
 
-    shapes: dict[str, list[int]] = {}
+    shapes = {name: list(t.shape) for tensors in pickled.values() for name, t in tensors.items()}
     try:  # (an index transformers has not read yet may be broken too)
-        files = _safetensors_files(path)
+        files = list(pickled) or _safetensors_files(path)
         if not files or not all(f.is_file() for f in files):
             return
-        for file in files:
+        for file in (f for f in files if f not in pickled):
             with safe_open(str(file), framework="pt") as f:
                 names = f.keys()  # (a safe_open handle is not iterable)
                 shapes.update({name: list(f.get_slice(name).get_shape()) for name in names})
@@ -204,26 +237,32 @@ def _refuse_config_beyond_weights(path: Path, config: Any) -> None:
 _NOT_FLOAT = frozenset({"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
 
 
-def _refuse_integer_weights(path: Path, config: Any, model: Any) -> None:
-    """UserError naming a float parameter stored as integers in the directory's safetensors files:
-    transformers casts them to floats without a word (a checkpoint broken in writing, or a quantized one
-    whose config.json lost its quantization_config), so the model would run on nonsense weights."""
+def _refuse_integer_weights(path: Path, config: Any, model: Any, pickled: dict[Path, dict[str, Any]]) -> None:
+    """UserError naming a float parameter stored as integers in the directory's weight files (its
+    safetensors files, or the `pickled` state dicts of its .bin files): transformers casts them to floats
+    without a word (a checkpoint broken in writing, or a quantized one whose config.json lost its
+    quantization_config), so the model would run on nonsense weights."""
     if getattr(config, "quantization_config", None) is not None:
         return
     from safetensors import safe_open
 
     floats = {name for name, t in model.state_dict().items() if t.is_floating_point()}
+    stored: list[tuple[Path, str, str, bool]] = []
     for file in _safetensors_files(path):
         with safe_open(str(file), framework="pt") as f:
             names = f.keys()  # (a safe_open handle is not iterable)
             for name in names:
                 dtype = f.get_slice(name).get_dtype()
-                if name in floats and dtype in _NOT_FLOAT:
-                    raise UserError(
-                        f"'{file}' stores tensor '{name}' as {dtype}, an integer type; the model's parameter "
-                        "is floating-point (BF16, F16 or F32 as save_pretrained writes it). Expected the "
-                        "files save_pretrained wrote for this config.json."
-                    )
+                stored.append((file, name, dtype, dtype not in _NOT_FLOAT))
+    for file, tensors in pickled.items():
+        stored += [(file, n, str(t.dtype), t.is_floating_point()) for n, t in tensors.items()]
+    for file, name, dtype, is_float in stored:
+        if name in floats and not is_float:
+            raise UserError(
+                f"'{file}' stores tensor '{name}' as {dtype}, an integer type; the model's parameter "
+                "is floating-point (BF16, F16 or F32 as save_pretrained writes it). Expected the "
+                "files save_pretrained wrote for this config.json."
+            )
 
 
 def _safetensors_files(path: Path) -> list[Path]:
@@ -235,6 +274,95 @@ def _safetensors_files(path: Path) -> list[Path]:
         return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     single = path / "model.safetensors"
     return [single] if single.is_file() else []
+
+
+#: torch's weights-only unpickler is unsafe before 2.6 (CVE-2025-32434); transformers refuses .bin files there
+_SAFE_TORCH_LOAD = (2, 6)
+
+
+def _bin_files(path: Path) -> list[Path]:
+    """The pickled weight files (.bin) transformers loads from `path` where it holds no safetensors file:
+    the shards its index names, or the one file."""
+    if _safetensors_files(path):  # (transformers prefers them; a .bin beside them is never read)
+        return []
+    index = path / "pytorch_model.bin.index.json"
+    if index.is_file():
+        expected = (
+            "expected a JSON object whose weight_map maps each tensor name to its .bin shard's file name"
+        )
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(
+                f"'{index}' is not the index save_pretrained writes ({_first_line(e)}); {expected}."
+            ) from e
+        if not all(isinstance(name, str) for name in shards):
+            raise UserError(f"'{index}' names a shard by a value that is not a string; {expected}.")
+        return [path / name for name in sorted(shards)]
+    single = path / "pytorch_model.bin"
+    return [single] if single.exists() else []
+
+
+def check_pickled_weights(path: Path) -> dict[Path, dict[str, Any]]:
+    """Each .bin weight file of the save_pretrained directory `path` (:func:`_bin_files`) read by torch's
+    weights-only unpickler onto the meta device (names, shapes and dtypes; no data), which runs no code a
+    pickle asks for; UserError naming the file that holds anything but a state dict of tensors (a pickle
+    that would run code, a truncated or damaged file, a list), or where torch's weights-only unpickler is
+    unsafe (torch < 2.6). Before, transformers' own load said why in a message naming the directory, cut
+    mid-sentence after torch's advice to load the file with weights_only=False."""
+    import pickle
+    import zipfile
+
+    import torch
+    from torch.torch_version import TorchVersion
+
+    out: dict[Path, dict[str, Any]] = {}
+    for file in _bin_files(path):
+        if TorchVersion(torch.__version__) < _SAFE_TORCH_LOAD:
+            raise UserError(
+                f"'{file}' is a pickled (.bin) checkpoint, and torch {torch.__version__}'s weights-only "
+                "unpickler can be made to run code (CVE-2025-32434): install torch >= 2.6, or convert the "
+                "checkpoint to safetensors where it is trusted (save_pretrained writes model.safetensors)."
+            )
+        try:
+            tensors = torch.load(
+                str(file), map_location="meta", weights_only=True, mmap=zipfile.is_zipfile(file)
+            )
+        except pickle.UnpicklingError as e:
+            raise UserError(
+                f"'{file}' is not a plain checkpoint: its pickle asks for what torch's weights-only "
+                f"unpickler refuses ({_unpickler_reason(e)}); trtforge never runs a pickle's code. Expected "
+                "the state dict of tensors save_pretrained writes, or its model.safetensors."
+            ) from e
+        except OSError as e:  # (a directory, a file it may not read)
+            raise os_error(e, file, "read") from e
+        except Exception as e:  # torch's own errors for a truncated or damaged file (RuntimeError, EOFError)
+            raise UserError(
+                f"cannot read the weights in '{file}' ({_first_line(e)}); the file is truncated or damaged. "
+                "Expected the state dict of tensors save_pretrained writes (pytorch_model.bin)."
+            ) from e
+        if not isinstance(tensors, dict):
+            raise UserError(
+                f"'{file}' holds a {type(tensors).__name__}, not a state dict (tensor name -> tensor); "
+                "expected the file save_pretrained writes (pytorch_model.bin)."
+            )
+        for name, value in tensors.items():
+            if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+                raise UserError(
+                    f"'{file}' holds {name!r}: {type(value).__name__} in its state dict; expected tensors "
+                    "by name, as save_pretrained writes them (pytorch_model.bin)."
+                )
+        out[file] = tensors
+    return out
+
+
+def _unpickler_reason(e: BaseException) -> str:
+    """The line of torch's weights-only refusal that says what the pickle asked for ("Trying to load
+    unsupported GLOBAL posix.system ..."), without its advice to load the file with weights_only=False."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    skip = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    reason = next((line for line in lines if not line.startswith(skip)), type(e).__name__)
+    return reason[:300]
 
 
 def refuse_nan_weights(model: Any, where: str) -> None:
@@ -270,6 +398,37 @@ def _refuse_unknown_activation(path: Path, config: Any, error: Exception) -> Non
                 f"'{path}/config.json': {key}={error.args[0]!r} is no activation transformers knows; "
                 "transformers cannot build the model."
             ) from error
+
+
+def _check_generation_config(path: Path) -> None:
+    """UserError naming the directory's generation_config.json where transformers cannot read it (not JSON,
+    not an object): its from_pretrained takes that for no file at all and goes on with defaults, so the stop
+    ids the file lists (Llama 3's end-of-turn among them) were dropped without a word."""
+    import transformers
+
+    file = path / "generation_config.json"
+    if not file.exists():
+        return
+    try:
+        transformers.GenerationConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # (OSError for a file that is not JSON, AttributeError for a list, ...)
+        raise UserError(
+            f"'{file}' is not a generation config transformers can read ({_first_line(e)}); expected the "
+            "JSON object save_pretrained writes (its stop ids, eos_token_id, end generation), or no file."
+        ) from e
+
+
+def _refuse_pad_outside_vocabulary(path: Path, config: Any, error: Exception) -> None:
+    """UserError naming pad_token_id where building the model failed on it: transformers passes it to
+    nn.Embedding as padding_idx, whose AssertionError (a pad_token_id past vocab_size) read as the weight
+    files' fault."""
+    pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+    numbers = isinstance(pad, int) and isinstance(vocab, int)
+    if isinstance(error, AssertionError) and numbers and not -vocab <= pad < vocab:
+        raise UserError(
+            f"'{path}/config.json': pad_token_id={pad} lies outside the vocabulary of vocab_size={vocab} "
+            f"ids; transformers cannot build the embedding. Expected a token id below {vocab}, or null."
+        ) from error
 
 
 def refuse_empty_path(source: Any, what: str = "the model") -> None:
