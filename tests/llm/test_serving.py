@@ -260,3 +260,16 @@ def test_a_late_cancel_does_not_abort_a_new_request_reusing_the_id():
         assert handles["x"].result(timeout=60).finish_reason == "length"
         again = handles["again"].result(timeout=60)
     assert again.finish_reason == "length" and len(again.token_ids) == 1, again
+
+
+def test_a_request_without_an_id_never_takes_one_a_caller_gave():
+    """The engine names requests "req-0", "req-1", ...: a request submitted without an id while a caller's
+    own "req-0" runs gets another name, not the refusal "already in use" for an id it never chose."""
+    go = threading.Event()
+    hook = lambda sched, batch: go.wait(timeout=60)  # noqa: E731  (holds "req-0" unfinished)
+    with LLMEngine(make_executor(num_blocks=64), step_hook=hook) as engine:
+        mine = engine.submit([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True), request_id="req-0")
+        auto = engine.submit([4, 5, 6], SamplingParams(max_tokens=2, ignore_eos=True))
+        go.set()
+        assert auto.request_id != "req-0"
+        assert mine.result(timeout=60).token_ids and auto.result(timeout=60).token_ids

@@ -300,7 +300,11 @@ class LLMEngine:
             self._check_open()
             seqs, rids = [], set()
             for label, prompt, params, request_id, _ in requests:
-                rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+                rid = request_id
+                if rid is None:  # the engine's own name, past any that a caller gave and is still in use
+                    rid = f"req-{next(self._ids)}"
+                    while rid in self._handles or rid in rids:
+                        rid = f"req-{next(self._ids)}"
                 try:
                     if rid in self._handles or rid in rids:
                         raise UserError(f"request id {rid!r} is already in use by an unfinished request")
