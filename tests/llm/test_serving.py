@@ -273,3 +273,11 @@ def test_a_request_without_an_id_never_takes_one_a_caller_gave():
         go.set()
         assert auto.request_id != "req-0"
         assert mine.result(timeout=60).token_ids and auto.result(timeout=60).token_ids
+
+
+def test_an_unhashable_request_id_is_a_user_error_naming_it():
+    with LLMEngine(make_executor(num_blocks=16)) as engine:
+        with pytest.raises(UserError, match=r"request \['a'\]: a request id must be hashable .* got a list"):
+            engine.submit([1, 2], request_id=["a"])
+        assert engine._handles == {} and engine._inbox == []
+        assert engine.generate([[1, 2]], SamplingParams(max_tokens=1))[0].finish_reason == "length"

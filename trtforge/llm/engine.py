@@ -306,9 +306,10 @@ class LLMEngine:
                     while rid in self._handles or rid in rids:
                         rid = f"req-{next(self._ids)}"
                 try:
+                    seq = self._scheduler.make_sequence(rid, prompt, params)  # (first: is rid hashable)
                     if rid in self._handles or rid in rids:
                         raise UserError(f"request id {rid!r} is already in use by an unfinished request")
-                    seqs.append(self._scheduler.make_sequence(rid, prompt, params))
+                    seqs.append(seq)
                 except UserError as exc:
                     if label is None:
                         raise
