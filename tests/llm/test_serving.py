@@ -228,3 +228,56 @@ def test_closing_mid_stream_flushes_the_step_in_flight_and_ends_the_request():
         got.extend(stream)
     assert not engine._steps.in_flight, "a step was left in flight"
     assert got == list(solo_output(prompt, params, executor)[: len(got)])
+
+
+def test_a_late_cancel_does_not_abort_a_new_request_reusing_the_id():
+    """A cancel that arrives as its request finishes on its own must not end a later request given the same
+    id. "w" holds the loop inside a step until "x" and "z" are queued, so both join the next step; "x" is
+    cancelled during that step, its last, and the same step's output for "z" submits a new "x" before the
+    loop takes the cancel: the new "x" and the stale cancel reach the loop together."""
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    handles: dict[str, object] = {}
+    entered, go = threading.Event(), threading.Event()
+
+    def hook(sched, batch):
+        if not entered.is_set():
+            entered.set()
+            assert go.wait(timeout=60)
+        if "x" in batch.seq_ids and "again" not in handles:
+            handles["x"].cancel()  # while "x" samples its last token: not done yet
+
+    def on_z(event):
+        if "again" not in handles and isinstance(event, tuple):  # "x" has finished and left the engine
+            handles["again"] = engine.submit([7, 8, 9], params, request_id="x")
+
+    config = SchedulerConfig(async_scheduling=False)
+    with LLMEngine(make_executor(num_blocks=64), config, step_hook=hook) as engine:
+        engine.submit([9, 9], SamplingParams(max_tokens=4, ignore_eos=True), request_id="w")
+        assert entered.wait(timeout=60)
+        handles["x"] = engine.submit([4, 5, 6], params, request_id="x")
+        engine.submit([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True), request_id="z", on_event=on_z)
+        go.set()
+        assert handles["x"].result(timeout=60).finish_reason == "length"
+        again = handles["again"].result(timeout=60)
+    assert again.finish_reason == "length" and len(again.token_ids) == 1, again
+
+
+def test_a_request_without_an_id_never_takes_one_a_caller_gave():
+    """The engine names requests "req-0", "req-1", ...: a request submitted without an id while a caller's
+    own "req-0" runs gets another name, not the refusal "already in use" for an id it never chose."""
+    go = threading.Event()
+    hook = lambda sched, batch: go.wait(timeout=60)  # noqa: E731  (holds "req-0" unfinished)
+    with LLMEngine(make_executor(num_blocks=64), step_hook=hook) as engine:
+        mine = engine.submit([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True), request_id="req-0")
+        auto = engine.submit([4, 5, 6], SamplingParams(max_tokens=2, ignore_eos=True))
+        go.set()
+        assert auto.request_id != "req-0"
+        assert mine.result(timeout=60).token_ids and auto.result(timeout=60).token_ids
+
+
+def test_an_unhashable_request_id_is_a_user_error_naming_it():
+    with LLMEngine(make_executor(num_blocks=16)) as engine:
+        with pytest.raises(UserError, match=r"request \['a'\]: a request id must be hashable .* got a list"):
+            engine.submit([1, 2], request_id=["a"])
+        assert engine._handles == {} and engine._inbox == []
+        assert engine.generate([[1, 2]], SamplingParams(max_tokens=1))[0].finish_reason == "length"

@@ -175,7 +175,7 @@ class RequestHandle:
     def cancel(self) -> None:
         """Stop generating and free the request's KV blocks (a no-op once it has finished)."""
         if not self.done:
-            self._engine._cancel(self.request_id)
+            self._engine._cancel(self)
 
     def __iter__(self) -> Iterator[int]:
         """Yield token ids as they are sampled; raise the request's error if it fails."""
@@ -225,7 +225,7 @@ class LLMEngine:
         self._step_lock = threading.Lock()
         self._wake = threading.Condition(self._inbox_lock)
         self._inbox: list[Any] = []
-        self._cancels: list[Hashable] = []
+        self._cancels: list[RequestHandle] = []
         self._handles: dict[Hashable, RequestHandle] = {}
         self._ids = itertools.count()
         self._closed = False
@@ -300,11 +300,16 @@ class LLMEngine:
             self._check_open()
             seqs, rids = [], set()
             for label, prompt, params, request_id, _ in requests:
-                rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+                rid = request_id
+                if rid is None:  # the engine's own name, past any that a caller gave and is still in use
+                    rid = f"req-{next(self._ids)}"
+                    while rid in self._handles or rid in rids:
+                        rid = f"req-{next(self._ids)}"
                 try:
+                    seq = self._scheduler.make_sequence(rid, prompt, params)  # (first: is rid hashable)
                     if rid in self._handles or rid in rids:
                         raise UserError(f"request id {rid!r} is already in use by an unfinished request")
-                    seqs.append(self._scheduler.make_sequence(rid, prompt, params))
+                    seqs.append(seq)
                 except UserError as exc:
                     if label is None:
                         raise
@@ -480,9 +485,9 @@ class LLMEngine:
         if self._closed:
             raise EngineClosedError("the engine is closed")
 
-    def _cancel(self, request_id: Hashable) -> None:
+    def _cancel(self, handle: RequestHandle) -> None:
         with self._inbox_lock:
-            self._cancels.append(request_id)
+            self._cancels.append(handle)
             self._wake.notify()
 
     def _loop(self) -> None:
@@ -496,7 +501,10 @@ class LLMEngine:
                     if self._closed:
                         break
                     inbox, self._inbox = self._inbox, []
-                    cancels, self._cancels = self._cancels, []
+                    # a cancel whose request has finished meanwhile is dropped: its id may be in use again,
+                    # by a request submitted since, which it must not end
+                    cancels = [h.request_id for h in self._cancels if self._handles.get(h.request_id) is h]
+                    self._cancels = []
                 with self._step_lock:
                     for seq in inbox:
                         sched.enqueue(seq)

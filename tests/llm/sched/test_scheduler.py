@@ -509,3 +509,10 @@ def test_a_prompt_past_a_pool_bound_length_is_told_the_pool_bounds_it():
     assert cap < executor.facts.max_model_len
     with pytest.raises(UserError, match=rf"maximum sequence length is {cap} \(the KV pool's 4 blocks of"):
         sched.add_request("long", [1] * cap)
+
+
+def test_an_unhashable_request_id_is_a_user_error_and_queues_nothing():
+    sched = make_step_loop(_TokenPoolExecutor(8, 4))
+    with pytest.raises(UserError, match=r"request \{'a': 1\}: a request id must be hashable .* got a dict"):
+        sched.add_request({"a": 1}, [1, 2])
+    assert not sched.has_unfinished()

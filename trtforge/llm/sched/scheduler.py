@@ -108,6 +108,13 @@ class Scheduler:
         self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None
     ) -> Sequence_:
         """Validate a request and build its state without queueing it (UserError names what is wrong)."""
+        try:
+            hash(request_id)
+        except TypeError as exc:
+            raise UserError(
+                f"request {request_id!r}: a request id must be hashable (a str or an int, say), "
+                f"got a {type(request_id).__name__}"
+            ) from exc
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise UserError(
