@@ -289,6 +289,16 @@ def single_workload(quick: bool) -> tuple[list[int], int]:
     return prompt, olen
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def single_ab(quick: bool, layers: int, variants: list[str], ab: list[str], rounds: int) -> dict:
     """Single-stream ms/token of each variant under each --ab setting, alternating the settings for
     `rounds` rounds on one model (graphs captured again at each run); per setting the median of its
@@ -300,6 +310,7 @@ def single_ab(quick: bool, layers: int, variants: list[str], ab: list[str], roun
     out: dict = {"prompt_tokens": len(prompt), "output_tokens": olen, "settings": ab, "rounds": rounds}
     for method in variants:
         runs: dict[str, list[float]] = {text: [] for text in ab}
+        tokens: dict[str, list[int]] = {}
         with dispatch(method):
             model = variant(method, layers)
             for r in range(rounds):
@@ -307,6 +318,7 @@ def single_ab(quick: bool, layers: int, variants: list[str], ab: list[str], roun
                     with applied(parsed[text]):
                         res = single_stream(model, prompt, olen, graphs=True)
                     runs[text].append(res["itl_ms_mean"])
+                    tokens.setdefault(text, res["tokens"])
                     print(
                         f"single stream {method} [{text}] round {r}: {res['itl_ms_mean']:.4f} ms/token",
                         flush=True,
@@ -316,6 +328,10 @@ def single_ab(quick: bool, layers: int, variants: list[str], ab: list[str], roun
             "ms_per_token": runs,
             "median": med,
             "over_first": {t: med[t] / med[ab[0]] for t in ab},
+            # greedy tokens each setting shares with the first setting's before they part (a setting that
+            # computes something else parts at once; a different summation order, at a near tie, if ever)
+            "same_tokens_as_first": {t: _common_prefix(tokens[t], tokens[ab[0]]) for t in ab},
+            "tokens": olen,
         }
         del model
         gc.collect()
