@@ -422,6 +422,21 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> Fp8Rows:
     return rows
 
 
+def _q_buffer(
+    fn: str, out: torch.Tensor | None, shape: tuple[int, int, int], like: torch.Tensor
+) -> torch.Tensor:
+    """The rotated q's destination ``[T, Hq, D]`` in `like`'s dtype: `out` (a piecewise step's static
+    buffer: rows of whole heads, any row stride) when given and of that form, else a new tensor."""
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if tuple(out.shape) != shape or out.dtype != like.dtype or out.stride()[1:] != (shape[2], 1):
+        raise ValueError(
+            f"{fn}: out must be {list(shape)} {like.dtype} with rows of contiguous heads, got "
+            f"{list(out.shape)} {out.dtype} strides {out.stride()}"
+        )
+    return out
+
+
 def rope_and_cache(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -443,16 +458,7 @@ def rope_and_cache(
     d, rot = int(k_pool.shape[-1]), int(cos.shape[-1])
     if rot % 2 or rot > d:
         raise ValueError(f"rope_and_cache: rotary width {rot} must be even and at most the head dim {d}")
-    shape = (t, num_heads, d)
-    if out is None:
-        q = torch.empty(shape, dtype=qkv.dtype, device=qkv.device)
-    elif tuple(out.shape) != shape or out.dtype != qkv.dtype or out.stride()[1:] != (d, 1):
-        raise ValueError(
-            f"rope_and_cache: out must be {list(shape)} {qkv.dtype} with rows of contiguous heads, got "
-            f"{list(out.shape)} {out.dtype} strides {out.stride()}"
-        )
-    else:
-        q = out
+    q = _q_buffer("rope_and_cache", out, (t, num_heads, d), qkv)
     if t:
         half = rot // 2
         pdl = pdl_supported(qkv.device)
@@ -523,16 +529,7 @@ def norm_qkv_rope_cache(
     _gemv._check(x, weight, "norm_qkv_rope_cache")
     d = int(k_pool.shape[-1])
     rows, k = int(weight.shape[0]), int(x.shape[1])
-    shape = (1, num_heads, d)
-    if out is None:
-        q = torch.empty(shape, dtype=x.dtype, device=x.device)
-    elif tuple(out.shape) != shape or out.dtype != x.dtype or out.stride()[1:] != (d, 1):
-        raise ValueError(
-            f"norm_qkv_rope_cache: out must be {list(shape)} {x.dtype} with rows of contiguous heads, got "
-            f"{list(out.shape)} {out.dtype} strides {out.stride()}"
-        )
-    else:
-        q = out
+    q = _q_buffer("norm_qkv_rope_cache", out, (1, num_heads, d), x)
     codes, scale, _, wfmt = _gemv._weight_args(weight)
     kind = ("plain", "fp8")[wfmt]
     cfg = _gemv.default_config(1, rows, k, False, _gemv._num_sms(x.device), kind)
