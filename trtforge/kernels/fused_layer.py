@@ -262,6 +262,7 @@ def _qkv_rope_cache_kernel(
     num_heads, num_kv_heads, k_inv_scale, v_inv_scale, eps,
     HALF: tl.constexpr, PAGE: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, REDUCE: tl.constexpr, DEFER: tl.constexpr,
+    LATE_DEPENDENTS: tl.constexpr = False,
 ):  # fmt: skip
     """One token's RMSNorm + QKV GEMV with :func:`_rope_cache_kernel` as its epilogue. Each program owns
     BLOCK_N rotation pairs: weight row ``h * D + d`` and its partner ``h * D + HALF + d`` (d < HALF, D =
@@ -278,13 +279,16 @@ def _qkv_rope_cache_kernel(
     w0, wu0 = _w_chunk(w_rows, 0, tl.arange(0, BLOCK_K), n_ok, K, stride_wn, HALF, True)
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if not LATE_DEPENDENTS:
+            gdc_launch_dependents()
     dtype = QOut.dtype.element_ty
     m_ok = tl.arange(0, 1) < 1
     PROLOGUE: tl.constexpr = not DEFER
     rstd = _norm_rstd(X + tl.arange(0, 1), m_ok, K, eps, PROLOGUE, 1, BLOCK_K)
     acc, acc_up = _one_row_sums(w0, wu0, w_rows, n_ok, X + tl.arange(0, 1), NormW, K, rstd, eps, stride_wn,
                                 HALF, True, True, REDUCE, DEFER, dtype, BLOCK_K)  # fmt: skip
+    if PDL and LATE_DEPENDENTS:
+        gdc_launch_dependents()
     x1 = tl.sum(acc, 0)
     x2 = tl.sum(acc_up, 0)
     if FP8:
@@ -475,6 +479,11 @@ def rope_and_cache(
     return q
 
 
+# The fused QKV + RoPE kernel lets the next kernel (the decode attention) launch after its loop, not at
+# its start: the attention's programs then wait on SMs the GEMV still streams on for less long. (A/B)
+ROPE_LATE_DEPENDENTS = False
+
+
 def qkv_rope_fusable(
     x: torch.Tensor,
     weight: Any,
@@ -542,6 +551,7 @@ def norm_qkv_rope_cache(
         num_heads, num_kv_heads, inverse_scale(k_scale), inverse_scale(v_scale), float(eps),
         HALF=d // 2, PAGE=int(k_pool.shape[1]), FP8=wfmt == 1, HAS_BIAS=bias is not None, PDL=pdl,
         BLOCK_N=pairs, BLOCK_K=cfg.block_k, REDUCE=cfg.reduce, DEFER=_gemv.DEFER_NORM,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        LATE_DEPENDENTS=ROPE_LATE_DEPENDENTS, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        launch_pdl=pdl,
     )  # fmt: skip
     return q
