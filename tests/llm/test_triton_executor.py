@@ -226,51 +226,6 @@ def test_fp8_layers_quantize_their_gemm_inputs_in_the_producing_kernels(monkeypa
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("quantization", [None, "fp8"], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_one_token_layers_rope_inside_the_qkv_gemv(monkeypatch, quantization, family):
-    """FUSED_ROPE: one token's q and K/V writes come from the norm + QKV GEMV's epilogue
-    (norm_qkv_rope_cache, no rope_and_cache launch) and equal the two kernels' (Qwen2's q/k/v biases
-    too); Qwen3's per-head q/k norms keep the two kernels. Here in Triton's CPU interpreter."""
-    pytest.importorskip("triton")
-    from tests.llm.tiny_models import tiny_model
-    from trtforge.llm.executors import fused_layers
-    from trtforge.llm.executors.fused_layers import FusedLayers
-    from trtforge.llm.models.families import adapter_for
-    from trtforge.llm.quant import quantize_model
-
-    model = tiny_model(family, num_key_value_heads=2, initializer_range=0.02).to(torch.bfloat16)
-    if quantization is not None:
-        quantize_model(model, quantization)
-    fused = FusedLayers(adapter_for(model))
-    g = torch.Generator().manual_seed(5)
-    d, hkv = fused.head_dim, fused.num_kv_heads
-    h = torch.randn(1, 64, generator=g).to(torch.bfloat16)
-    angles = torch.rand(1, d // 2, generator=g) * 6
-    rope = (torch.cat([angles.cos()] * 2, -1).bfloat16(), torch.cat([angles.sin()] * 2, -1).bfloat16())
-    slots = torch.tensor([9], dtype=torch.int32)
-    calls: list[str] = []
-    for name in ("rope_and_cache", "norm_qkv_rope_cache"):
-        real = getattr(fused_layers, name)
-        monkeypatch.setattr(
-            fused_layers, name, lambda *a, _n=name, _f=real, **k: calls.append(_n) or _f(*a, **k)
-        )
-
-    def layer(fuse: bool) -> list[torch.Tensor]:
-        monkeypatch.setattr(fused_layers, "FUSED_ROPE", fuse)
-        pools = [torch.zeros(4, 4, hkv, d, dtype=torch.bfloat16) for _ in range(2)]
-        return [fused.attention_input(0, h, rope, slots, *pools), *pools]
-
-    want = layer(False)
-    assert calls == ["rope_and_cache"]
-    calls.clear()
-    got = layer(True)
-    assert calls == (["rope_and_cache"] if family == "qwen3" else ["norm_qkv_rope_cache"])
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
-    assert want[1].abs().sum() > 0 and want[2].abs().sum() > 0
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_qk_norm_and_partial_rotary_kernels_match_the_eager_modules(device):
     """Qwen3's per-head q/k RMSNorm (in place, other heads untouched) and a partial rotary (Phi-4-mini:

@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtforge.kernels import gemv as _gemv
 from trtforge.kernels.fp8_rows import (
     SINGLE_PASS_K,
     cast_e4m3,
@@ -28,10 +27,10 @@ from trtforge.kernels.fp8_rows import (
     quantize_row_store,
     store_row_scale,
 )
-from trtforge.kernels.gemv import _norm_rstd, _one_row_sums, _w_chunk, pdl_supported
+from trtforge.kernels.gemv import pdl_supported
 from trtforge.kernels.kv_quant import inverse_scale
 from trtforge.kernels.paged_cache import to_cache
-from trtforge.kernels.qweight import Fp8Rows, Fp8Weight
+from trtforge.kernels.qweight import Fp8Rows
 
 
 @triton.jit
@@ -255,78 +254,6 @@ def _rope_cache_kernel(
             )
 
 
-@triton.jit
-def _qkv_rope_cache_kernel(
-    X, W, Bias, NormW, WScale, Cos, Sin, Slots, QOut, KPool, VPool,
-    K, stride_wn, stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
-    num_heads, num_kv_heads, k_inv_scale, v_inv_scale, eps,
-    HALF: tl.constexpr, PAGE: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, REDUCE: tl.constexpr, DEFER: tl.constexpr,
-    LATE_DEPENDENTS: tl.constexpr = False,
-):  # fmt: skip
-    """One token's RMSNorm + QKV GEMV with :func:`_rope_cache_kernel` as its epilogue. Each program owns
-    BLOCK_N rotation pairs: weight row ``h * D + d`` and its partner ``h * D + HALF + d`` (d < HALF, D =
-    2 * HALF) of heads h, streamed as the gated GEMV streams gate and up rows. The sums are rounded to
-    the activations' dtype (the unfused GEMV's output), then q heads are rotated into QOut, k heads
-    rotated and v heads copied into pool slot Slots[0], as :func:`_rope_cache_kernel` computes them."""
-    pid = tl.program_id(0)
-    offs_j = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_j < (num_heads + 2 * num_kv_heads) * HALF
-    head = offs_j // HALF
-    d = offs_j % HALF
-    offs_n = head * (2 * HALF) + d  # the pair's first row; its partner is HALF rows on
-    w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
-    w0, wu0 = _w_chunk(w_rows, 0, tl.arange(0, BLOCK_K), n_ok, K, stride_wn, HALF, True)
-    if PDL:
-        gdc_wait()
-        if not LATE_DEPENDENTS:
-            gdc_launch_dependents()
-    dtype = QOut.dtype.element_ty
-    m_ok = tl.arange(0, 1) < 1
-    PROLOGUE: tl.constexpr = not DEFER
-    rstd = _norm_rstd(X + tl.arange(0, 1), m_ok, K, eps, PROLOGUE, 1, BLOCK_K)
-    acc, acc_up = _one_row_sums(w0, wu0, w_rows, n_ok, X + tl.arange(0, 1), NormW, K, rstd, eps, stride_wn,
-                                HALF, True, True, REDUCE, DEFER, dtype, BLOCK_K)  # fmt: skip
-    if PDL and LATE_DEPENDENTS:
-        gdc_launch_dependents()
-    x1 = tl.sum(acc, 0)
-    x2 = tl.sum(acc_up, 0)
-    if FP8:
-        x1 = x1 * tl.load(WScale + offs_n, mask=n_ok, other=0.0)
-        x2 = x2 * tl.load(WScale + offs_n + HALF, mask=n_ok, other=0.0)
-    if HAS_BIAS:
-        x1 += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        x2 += tl.load(Bias + offs_n + HALF, mask=n_ok, other=0.0).to(tl.float32)
-    x1 = x1.to(dtype).to(tl.float32)
-    x2 = x2.to(dtype).to(tl.float32)
-    c1 = tl.load(Cos + d, mask=n_ok, other=0.0).to(tl.float32)
-    c2 = tl.load(Cos + HALF + d, mask=n_ok, other=0.0).to(tl.float32)
-    s1 = tl.load(Sin + d, mask=n_ok, other=0.0).to(tl.float32)
-    s2 = tl.load(Sin + HALF + d, mask=n_ok, other=0.0).to(tl.float32)
-    r1 = x1 * c1 - x2 * s1
-    r2 = x2 * c2 + x1 * s2
-    is_q = n_ok & (head < num_heads)
-    q_dst = QOut + head * (2 * HALF) + d
-    tl.store(q_dst, r1.to(dtype), mask=is_q)
-    tl.store(q_dst + HALF, r2.to(dtype), mask=is_q)
-    slot = tl.load(Slots).to(tl.int64)
-    blk = slot // PAGE
-    off = slot % PAGE
-    kh = head - num_heads
-    is_k = n_ok & (kh >= 0) & (kh < num_kv_heads)
-    k_dst = KPool + blk * stride_kb + off * stride_kn + kh * stride_kh + d * stride_kd
-    kt = KPool.dtype.element_ty
-    # K is rounded to the activations' type first, as the unfused path (and a 16-bit pool) has it
-    tl.store(k_dst, to_cache(r1.to(dtype).to(tl.float32), k_inv_scale, kt), mask=is_k)
-    tl.store(k_dst + HALF * stride_kd, to_cache(r2.to(dtype).to(tl.float32), k_inv_scale, kt), mask=is_k)
-    vh = kh - num_kv_heads
-    is_v = n_ok & (vh >= 0)
-    v_dst = VPool + blk * stride_vb + off * stride_vn + vh * stride_vh + d * stride_vd
-    vt = VPool.dtype.element_ty
-    tl.store(v_dst, to_cache(x1, v_inv_scale, vt), mask=is_v)
-    tl.store(v_dst + HALF * stride_vd, to_cache(x2, v_inv_scale, vt), mask=is_v)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of the rows of `x` ``[T, H]`` (as transformers' LlamaRMSNorm computes it)."""
     out = torch.empty_like(x)
@@ -426,21 +353,6 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> Fp8Rows:
     return rows
 
 
-def _q_buffer(
-    fn: str, out: torch.Tensor | None, shape: tuple[int, int, int], like: torch.Tensor
-) -> torch.Tensor:
-    """The rotated q's destination ``[T, Hq, D]`` in `like`'s dtype: `out` (a piecewise step's static
-    buffer: rows of whole heads, any row stride) when given and of that form, else a new tensor."""
-    if out is None:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-    if tuple(out.shape) != shape or out.dtype != like.dtype or out.stride()[1:] != (shape[2], 1):
-        raise ValueError(
-            f"{fn}: out must be {list(shape)} {like.dtype} with rows of contiguous heads, got "
-            f"{list(out.shape)} {out.dtype} strides {out.stride()}"
-        )
-    return out
-
-
 def rope_and_cache(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -462,7 +374,16 @@ def rope_and_cache(
     d, rot = int(k_pool.shape[-1]), int(cos.shape[-1])
     if rot % 2 or rot > d:
         raise ValueError(f"rope_and_cache: rotary width {rot} must be even and at most the head dim {d}")
-    q = _q_buffer("rope_and_cache", out, (t, num_heads, d), qkv)
+    shape = (t, num_heads, d)
+    if out is None:
+        q = torch.empty(shape, dtype=qkv.dtype, device=qkv.device)
+    elif tuple(out.shape) != shape or out.dtype != qkv.dtype or out.stride()[1:] != (d, 1):
+        raise ValueError(
+            f"rope_and_cache: out must be {list(shape)} {qkv.dtype} with rows of contiguous heads, got "
+            f"{list(out.shape)} {out.dtype} strides {out.stride()}"
+        )
+    else:
+        q = out
     if t:
         half = rot // 2
         pdl = pdl_supported(qkv.device)
@@ -476,82 +397,4 @@ def rope_and_cache(
             D=d, BLOCK_PASS=triton.next_power_of_2(max(d - rot, 1)), PDL=pdl, num_warps=4,
             launch_pdl=pdl,
         )  # fmt: skip
-    return q
-
-
-# The fused QKV + RoPE kernel lets the next kernel (the decode attention) launch after its loop, not at
-# its start: the attention's programs then wait on SMs the GEMV still streams on for less long. (A/B)
-ROPE_LATE_DEPENDENTS = False
-
-
-def qkv_rope_fusable(
-    x: torch.Tensor,
-    weight: Any,
-    bias: torch.Tensor | None,
-    cos: torch.Tensor,
-    k_pool: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-) -> bool:
-    """Whether :func:`norm_qkv_rope_cache` takes this projection: one token, 16-bit or FP8 (weight-only)
-    weights of ``(Hq + 2 Hkv) * D`` rows, a rotary over whole heads (no partial rotary), an even head dim."""
-    d = int(k_pool.shape[-1])
-    return (
-        int(x.shape[0]) == 1
-        and isinstance(weight, (Fp8Weight, torch.Tensor))
-        and int(weight.shape[0]) == (num_heads + 2 * num_kv_heads) * d
-        and int(cos.shape[-1]) == d
-        and d % 2 == 0
-        and (bias is None or bias.dim() == 1)
-    )
-
-
-def norm_qkv_rope_cache(
-    x: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: Any,
-    bias: torch.Tensor | None,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    slots: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``rope_and_cache(norm_gemv(x, ...), ...)`` for one token in one kernel (one launch a layer fewer,
-    and qkv never written): RMSNorm, the QKV projection ``weight`` ``[(Hq + 2 Hkv) * D, K]`` (16-bit or
-    :class:`~trtforge.kernels.qweight.Fp8Weight`), RoPE over whole heads, and the K/V write. The launch
-    is the unfused GEMV's (the same weight rows a program and K chunk), so the results equal the two
-    kernels' up to the order of the FP32 sums. Returns q ``[1, Hq, D]`` (into `out` when given)."""
-    if not qkv_rope_fusable(x, weight, bias, cos, k_pool, num_heads, num_kv_heads):
-        raise ValueError(
-            "norm_qkv_rope_cache takes one token, 16-bit or FP8 weights of (Hq + 2 Hkv) * D rows and a "
-            f"rotary over whole heads; got x {tuple(x.shape)}, weight {type(weight).__name__} "
-            f"{tuple(weight.shape)} for Hq={num_heads}, Hkv={num_kv_heads}, D={int(k_pool.shape[-1])}, "
-            f"rotary width {int(cos.shape[-1])}"
-        )
-    _gemv._check(x, weight, "norm_qkv_rope_cache")
-    d = int(k_pool.shape[-1])
-    rows, k = int(weight.shape[0]), int(x.shape[1])
-    q = _q_buffer("norm_qkv_rope_cache", out, (1, num_heads, d), x)
-    codes, scale, _, wfmt = _gemv._weight_args(weight)
-    kind = ("plain", "fp8")[wfmt]
-    cfg = _gemv.default_config(1, rows, k, False, _gemv._num_sms(x.device), kind)
-    pairs = max(1, cfg.block_n // 2)  # the unfused launch's rows a program, as pairs
-    pdl = pdl_supported(x.device)
-    _qkv_rope_cache_kernel[(triton.cdiv(rows // 2, pairs),)](
-        x, codes, bias if bias is not None else x, norm_weight, scale if scale is not None else x,
-        cos, sin, slots, q, k_pool, v_pool,
-        k, codes.stride(0), *k_pool.stride(), *v_pool.stride(),
-        num_heads, num_kv_heads, inverse_scale(k_scale), inverse_scale(v_scale), float(eps),
-        HALF=d // 2, PAGE=int(k_pool.shape[1]), FP8=wfmt == 1, HAS_BIAS=bias is not None, PDL=pdl,
-        BLOCK_N=pairs, BLOCK_K=cfg.block_k, REDUCE=cfg.reduce, DEFER=_gemv.DEFER_NORM,
-        LATE_DEPENDENTS=ROPE_LATE_DEPENDENTS, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        launch_pdl=pdl,
-    )  # fmt: skip
     return q

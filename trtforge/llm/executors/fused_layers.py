@@ -35,9 +35,7 @@ import torch
 
 from trtforge.kernels import has_wgmma
 from trtforge.kernels.fused_layer import (
-    norm_qkv_rope_cache,
     qk_norm_,
-    qkv_rope_fusable,
     rms_norm,
     rms_norm_fp8,
     rope_and_cache,
@@ -69,12 +67,6 @@ MID_GEMM_MAX_TOKENS = 0
 # SiLU*up + quantize; the rows are never written in 16 bits and read back for a separate quantize.
 # Same codes as the unfused kernels. False: the separate kernels.
 FUSED_FP8_QUANT = True
-
-# One token's norm + QKV GEMV carries RoPE and the K/V write in its epilogue
-# (kernels.fused_layer.norm_qkv_rope_cache) where it takes the layer: 16-bit or FP8 weights, no Qwen3
-# q/k head norms, a rotary over whole heads; one launch a layer fewer. False: the GEMV then the
-# rope_and_cache kernel (A/B timing).
-FUSED_ROPE = True
 
 
 def _is_llama_rms_norm(norm: Any) -> bool:
@@ -275,23 +267,13 @@ class FusedLayers:
         layer = self.layers[i]
         norm = layer.input_layernorm
         w, b = self.qkv_w[i]
-        attn = layer.self_attn
-        if (
-            FUSED_ROPE
-            and self._gemv(h)
-            and getattr(attn, "q_norm", None) is None
-            and qkv_rope_fusable(h, w, b, rope[0], k_pool, self.num_heads, self.num_kv_heads)
-        ):
-            return norm_qkv_rope_cache(
-                h, norm.weight, norm.variance_epsilon, w, b, *rope, slots, k_pool, v_pool,
-                self.num_heads, self.num_kv_heads, k_scale, v_scale, out=out,
-            )  # fmt: skip
         if self._gemv(h):
             qkv = norm_gemv(h, norm.weight, norm.variance_epsilon, w, b)
         elif self._fused_fp8_input(h, w):
             qkv = quant_linear(rms_norm_fp8(h, norm.weight, norm.variance_epsilon)[1], w, b)
         else:
             qkv = self._linear(rms_norm(h, norm.weight, norm.variance_epsilon), w, b)
+        attn = layer.self_attn
         if getattr(attn, "q_norm", None) is not None:
             qk_norm_(qkv, attn.q_norm, attn.k_norm, self.num_heads, self.num_kv_heads)
         return rope_and_cache(
