@@ -26,6 +26,29 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 GENERATION_KEY = "trtforge.generation"
 
 
+def parse_generation(text: str, where: str) -> dict:
+    """The generation section `text` (the :data:`GENERATION_KEY` metadata) of the step graph `where` as a
+    dict; UserError naming the graph and the key when it is not JSON or not a JSON object (a damaged or
+    hand-edited graph: the executors and the paged pass would act on it wrongly or fail deep inside)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, nesting past the parser's depth
+        raise UserError(
+            f"step graph '{where}': its '{GENERATION_KEY}' metadata is not valid JSON ({e}); expected the "
+            "JSON object trtforge writes. Export the graph again with `trtforge compile MODEL --generate "
+            "--save-onnx step.onnx`."
+        ) from e
+    if not isinstance(data, dict):
+        raise UserError(
+            f"step graph '{where}': its '{GENERATION_KEY}' metadata is not a JSON object (it is "
+            f"{text[:40]!r}); expected the JSON object trtforge writes. Export the graph again with "
+            "`trtforge compile MODEL --generate --save-onnx step.onnx`."
+        )
+    return data
+
+
 def external_data_files(path: str | os.PathLike[str]) -> list[Path]:
     """The external-data files an ONNX file refers to (empty for a self-contained file)."""
     import onnx

@@ -7,12 +7,11 @@ Pure Python (onnx only for the metadata helpers, imported lazily). One place, so
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from trtforge._fileio import json_text
 from trtforge.core.manifest import ShapeRange
-from trtforge.core.onnx_io import GENERATION_KEY
+from trtforge.core.onnx_io import GENERATION_KEY, parse_generation
 from trtforge.errors import UserError
 
 if TYPE_CHECKING:
@@ -126,29 +125,8 @@ def generation_metadata(model: onnx.ModelProto, where: str) -> dict[str, Any]:
     not a JSON object (graphs written before it was strict JSON, holding NaN or Infinity, are still read)."""
     for prop in model.metadata_props:
         if prop.key == METADATA_KEY:
-            return _parse_generation(prop.value, where)
+            return parse_generation(prop.value, where)
     raise UserError(
         f"'{where}' is not a trtforge step graph (no '{METADATA_KEY}' metadata). Export one with "
         "`trtforge compile MODEL --generate --save-onnx step.onnx` or trtforge.llm.compile.export_step."
     )
-
-
-def _parse_generation(text: str, where: str) -> dict[str, Any]:
-    """The generation section `text` of the step graph `where` as a dict; UserError naming the file and the
-    key when it is not JSON or not an object (a damaged or hand-edited graph: the executors would fail deep
-    inside on it)."""
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, nesting past the parser's depth
-        raise UserError(
-            f"step graph '{where}': its '{METADATA_KEY}' metadata is not valid JSON ({e}); expected the JSON "
-            "object trtforge writes. Export the graph again with `trtforge compile MODEL --generate "
-            "--save-onnx step.onnx`."
-        ) from e
-    if not isinstance(data, dict):
-        raise UserError(
-            f"step graph '{where}': its '{METADATA_KEY}' metadata is not a JSON object (it is "
-            f"{text[:40]!r}); expected the JSON object trtforge writes. Export the graph again with "
-            "`trtforge compile MODEL --generate --save-onnx step.onnx`."
-        )
-    return data

@@ -26,7 +26,6 @@ falcon-rw) are spelled out too, so the PagedAttention plugin never sees them.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 
@@ -34,7 +33,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from trtforge.core.onnx_io import GENERATION_KEY
+from trtforge.core.onnx_io import GENERATION_KEY, parse_generation
 from trtforge.errors import UserError
 from trtforge.passes._base import PassOutcome
 
@@ -228,11 +227,11 @@ def _final_output(attention: ir.Node, q: ir.Value) -> ir.Value:
 
 
 def _generation(model: ir.Model) -> dict | None:
+    """The step graph's generation section (its sliding windows and head counts decide refusals here);
+    None for a graph without one; UserError for one that is not a JSON object (read as none, a window the
+    paged kernels cannot mask would go unrefused)."""
     text = model.metadata_props.get(GENERATION_KEY)
-    try:
-        return json.loads(text) if text else None
-    except json.JSONDecodeError:
-        return None
+    return parse_generation(text, model.graph.name or "the model") if text else None
 
 
 class _Fuser:

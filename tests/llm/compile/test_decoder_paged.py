@@ -198,6 +198,21 @@ def test_optimize_paged_strategy_refuses_sliding_window_layers(tmp_path):
         assert len([r for r in attention["rejected"] if reason in r]) == 2, attention["rejected"]
 
 
+def test_optimize_paged_strategy_refuses_a_step_graph_whose_metadata_is_damaged(tmp_path):
+    """Metadata that is not a JSON object was read as no metadata, so a window the paged kernels cannot
+    mask went unrefused when the mask's bound was not found either; now it is a UserError naming the key."""
+    from trtforge.errors import UserError
+    from trtforge.passes.pipeline import optimize_model
+
+    _, result = _export(tiny_model("mistral", sliding_window=8), tmp_path)
+    for text, what in (('{"sliding_windows": [8, 8', "not valid JSON"), ("[8, 8]", "not a JSON object")):
+        damaged = onnx.ModelProto()
+        damaged.CopyFrom(result.model)
+        next(p for p in damaged.metadata_props if p.key == "trtforge.generation").value = text
+        with pytest.raises(UserError, match=f"'trtforge.generation' metadata is {what}"):
+            optimize_model(damaged, passes=["attention"], attention="paged", debug=True)
+
+
 def test_llama4_paged_graph_matches_hf_and_the_paged_strategy_refuses_its_chunked_layers(tmp_path):
     """Llama 4's chunked layers in the paged step graph (chunks of 8: the prompts and generations cross
     several) give HF's greedy logits in ONNX Runtime; `optimize --attention paged` fuses its one full layer
