@@ -262,8 +262,9 @@ def _save_onnx_data_is_the_models() -> Setup:
     return setup
 
 
-def _save_onnx_data_exists(*argv: str) -> Setup:
-    """The tiny model, and an existing out.onnx.data beside the --save-onnx out.onnx that is not there yet."""
+def _onnx_data_exists(*argv: str) -> Setup:
+    """The tiny model, and an existing out.onnx.data beside an output out.onnx that is not there yet (where
+    a large model's weights would go)."""
 
     def setup(d: Path) -> list[str]:
         tiny_onnx(d / "m.onnx")
@@ -512,14 +513,20 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--save-onnx's external data file 's\.onnx\.data' is the external data file #1 of the model",
     ),
     "compile --save-onnx whose external data file exists (no --force)": (
-        _save_onnx_data_exists("compile", "m.onnx", "-o", "m.engine", "--save-onnx", "out.onnx"),
+        _onnx_data_exists("compile", "m.onnx", "-o", "m.engine", "--save-onnx", "out.onnx"),
         r"--save-onnx's external data file 'out\.onnx\.data' already exists; pass --force",
     ),
     "compile --generate --save-onnx whose external data file exists (no --force)": (
-        _save_onnx_data_exists(
-            "compile", "m.onnx", "--generate", "-o", "e.engine", "--save-onnx", "out.onnx"
-        ),
+        _onnx_data_exists("compile", "m.onnx", "--generate", "-o", "e.engine", "--save-onnx", "out.onnx"),
         r"--save-onnx's external data file 'out\.onnx\.data' already exists; pass --force",
+    ),
+    "optimize -o whose external data file exists (no --force)": (
+        _onnx_data_exists("optimize", "m.onnx", "-o", "out.onnx"),
+        r"-o's external data file 'out\.onnx\.data' already exists; pass --force",
+    ),
+    "calibrate -o whose external data file exists (no --force)": (
+        _onnx_data_exists("calibrate", "m.onnx", "--data", "m.onnx", "-o", "out.onnx"),
+        r"-o's external data file 'out\.onnx\.data' already exists; pass --force",
     ),
     "optimize -o the input model (--force)": (
         _overwrite_input("optimize", "m.onnx", "-o", "m.onnx"),
