@@ -39,6 +39,31 @@ def mlp(k: int = 32, hidden: int = 64, n: int = 32, seed: int = 0) -> onnx.Model
     )
 
 
+def masked_mlp(k: int = 32, n: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """x[b, s, k], attention_mask[b, s] -> MatMul -> times the mask -> y: a model whose statistics can skip
+    padding (only_real_tokens)."""
+    rng = np.random.default_rng(seed)
+    inits = {
+        "w": (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32),
+        "axes": np.array([-1], np.int64),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+        helper.make_node("Cast", ["attention_mask"], ["mf"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Unsqueeze", ["mf", "axes"], ["m3"], name="unsqueeze"),
+        helper.make_node("Mul", ["h", "m3"], ["y"], name="mask"),
+    ]
+    return _model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", k]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", n])],
+        inits,
+    )
+
+
 def shared_input(k: int = 32, seed: int = 0) -> onnx.ModelProto:
     """x feeds three MatMuls (like Q/K/V) and a LayerNormalization; outputs are summed."""
     rng = np.random.default_rng(seed)

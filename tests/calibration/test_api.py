@@ -173,6 +173,46 @@ def test_a_cache_of_the_same_graph_with_other_weights_or_data_is_refused(tmp_pat
     assert rec.cache["written"] and rec.samples == 64
 
 
+def test_a_cache_computed_at_other_settings_is_refused_naming_them(tmp_path):
+    """The fingerprint covered the model and the data, not the settings that change the scales: a cache
+    computed at another percentile, or with padding counted, was read silently. Now its header records
+    them, and a run at other values is refused naming the cache, the setting and both values."""
+    cache = tmp_path / "p.calib.cache"
+    m = models.mlp()
+    calibrate_model(m, _data(), method="percentile", percentile=99.0, calib_cache=str(cache), progress=False)
+    assert cache.read_text().splitlines()[0].endswith(" percentile=99.0")
+    with pytest.raises(
+        UserError,
+        match=rf"calibration cache '{re.escape(str(cache))}' was computed with percentile=99\.0, and this "
+        r"run calibrates with percentile=99\.99: its scales are not this run's\. Pass percentile=99\.0 "
+        r"\(--percentile",
+    ):
+        calibrate_model(m, _data(), method="percentile", calib_cache=str(cache), progress=False)
+    _, rec = calibrate_model(
+        m, None, method="percentile", percentile=99.0, calib_cache=str(cache), progress=False
+    )
+    assert rec.cache["read"]
+    masked = tmp_path / "masked.calib.cache"
+    rng = np.random.default_rng(0)
+    feed = {
+        "x": rng.standard_normal((16, 6, 32)).astype(np.float32),
+        "attention_mask": (np.arange(6) < rng.integers(2, 7, (16, 1))).astype(np.int64),
+    }
+    calibrate_model(models.masked_mlp(), feed, method="max", calib_cache=str(masked), progress=False)
+    with pytest.raises(
+        UserError,
+        match=r"computed with real_tokens=yes, and this run calibrates with real_tokens=no.*--all-tokens",
+    ):
+        calibrate_model(
+            models.masked_mlp(),
+            feed,
+            method="max",
+            only_real_tokens=False,
+            calib_cache=str(masked),
+            progress=False,
+        )
+
+
 def test_a_cache_without_a_fingerprint_is_read_as_it_is(tmp_path):
     """A TensorRT-format cache another tool wrote (no fingerprint in its header) is read as before."""
     cache = tmp_path / "model.calib.cache"

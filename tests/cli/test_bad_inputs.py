@@ -252,6 +252,28 @@ def _overwrite_input(*argv: str) -> Setup:
     return setup
 
 
+def _save_onnx_data_is_the_models() -> Setup:
+    """The model's weights in s.onnx.data, the file --save-onnx s.onnx would write a large model's into."""
+
+    def setup(d: Path) -> list[str]:
+        tiny_onnx_external(d, "s.onnx.data")
+        return ["compile", "m.onnx", "-o", "m.engine", "--save-onnx", "s.onnx", "--force"]
+
+    return setup
+
+
+def _onnx_data_exists(*argv: str) -> Setup:
+    """The tiny model, and an existing out.onnx.data beside an output out.onnx that is not there yet (where
+    a large model's weights would go)."""
+
+    def setup(d: Path) -> list[str]:
+        tiny_onnx(d / "m.onnx")
+        (d / "out.onnx.data").write_bytes(b"someone's weights")
+        return list(argv)
+
+    return setup
+
+
 def _unknown_dtype_engine(command: str) -> Setup:
     """A consistent engine + manifest pair whose manifest gives input 0 a dtype no tool knows."""
 
@@ -485,6 +507,26 @@ CASES: dict[str, tuple[Setup, str]] = {
     "compile --save-onnx the input model (--force)": (
         _overwrite_input("compile", "m.onnx", "-o", "m.engine", "--save-onnx", "m.onnx"),
         r"--save-onnx 'm\.onnx' is the input model",
+    ),
+    "compile --save-onnx whose external data file is the model's (--force)": (
+        _save_onnx_data_is_the_models(),
+        r"--save-onnx's external data file 's\.onnx\.data' is the external data file #1 of the model",
+    ),
+    "compile --save-onnx whose external data file exists (no --force)": (
+        _onnx_data_exists("compile", "m.onnx", "-o", "m.engine", "--save-onnx", "out.onnx"),
+        r"--save-onnx's external data file 'out\.onnx\.data' already exists; pass --force",
+    ),
+    "compile --generate --save-onnx whose external data file exists (no --force)": (
+        _onnx_data_exists("compile", "m.onnx", "--generate", "-o", "e.engine", "--save-onnx", "out.onnx"),
+        r"--save-onnx's external data file 'out\.onnx\.data' already exists; pass --force",
+    ),
+    "optimize -o whose external data file exists (no --force)": (
+        _onnx_data_exists("optimize", "m.onnx", "-o", "out.onnx"),
+        r"-o's external data file 'out\.onnx\.data' already exists; pass --force",
+    ),
+    "calibrate -o whose external data file exists (no --force)": (
+        _onnx_data_exists("calibrate", "m.onnx", "--data", "m.onnx", "-o", "out.onnx"),
+        r"-o's external data file 'out\.onnx\.data' already exists; pass --force",
     ),
     "optimize -o the input model (--force)": (
         _overwrite_input("optimize", "m.onnx", "-o", "m.onnx"),

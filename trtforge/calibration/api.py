@@ -220,7 +220,9 @@ def calibrate_model(
     fingerprint = None
     if fmt == "int8":
         fingerprint = Fingerprint(
-            model_fingerprint(work), data_fingerprint(dataset) if dataset is not None else None
+            model_fingerprint(work),
+            data_fingerprint(dataset) if dataset is not None else None,
+            _scale_settings(method, percentile, real_tokens if mask else None),
         )
     targets = plan.targets
     sq_summary = None
@@ -247,6 +249,7 @@ def calibrate_model(
     if cache_in is not None:
         header, cached = read_calibration_cache(cache_in)
         _refuse_other_method(header, method, cache_in)
+        _refuse_other_settings(header, fingerprint, cache_in)
         _refuse_foreign_cache(cached, work, cache_in)
         _refuse_stale_cache(header, fingerprint, cache_in, dataset)
         scales = {t: cached[t] for t in tensors if t in cached}
@@ -360,6 +363,44 @@ def _refuse_other_method(header: str, method: str, path: Path) -> None:
             f"compile --calib-method {cached}) to use them, or a --calib-cache path that does not exist "
             "yet to calibrate afresh."
         )
+
+
+#: the calibration settings a cache's header records (:func:`_scale_settings`) -> how a run passes them
+_SETTING_FLAGS = {
+    "percentile": "--percentile (percentile=)",
+    "real_tokens": "--real-tokens or --all-tokens (only_real_tokens=True or False)",
+}
+
+
+def _scale_settings(method: str, percentile: float, real_tokens: bool | None) -> dict[str, str]:
+    """The settings besides the method that change a cache's scales, as its header records them: the
+    percentile (method 'percentile' only) and whether statistics skip padding (`real_tokens`; None for a
+    model without an attention mask, where they cannot)."""
+    settings: dict[str, str] = {}
+    if method == "percentile":
+        settings["percentile"] = repr(float(percentile))
+    if real_tokens is not None:
+        settings["real_tokens"] = "yes" if real_tokens else "no"
+    return settings
+
+
+def _refuse_other_settings(header: str, fingerprint: Fingerprint | None, path: Path) -> None:
+    """UserError when the cache's header records a setting (:func:`_scale_settings`) at another value than
+    this run's: its scales are not this run's (before, a cache computed at another --percentile was read
+    silently). A setting the header does not record (a cache of an older trtforge, or another tool's) is
+    not checked, as a fingerprint that is not there is not."""
+    cached = Fingerprint.from_header(header)
+    if cached is None or fingerprint is None:
+        return
+    for name, value in cached.settings.items():
+        ours = fingerprint.settings.get(name)
+        if ours is not None and ours != value:
+            raise UserError(
+                f"calibration cache '{path}' was computed with {name}={value}, and this run calibrates with "
+                f"{name}={ours}: its scales are not this run's. Pass {name}={value} "
+                f"({_SETTING_FLAGS[name]}) to use them, or a --calib-cache path that does not exist yet "
+                "(it is written then)."
+            )
 
 
 def _refuse_stale_cache(header: str, fingerprint: Fingerprint | None, path: Path, dataset: Any) -> None:

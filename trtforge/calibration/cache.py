@@ -6,8 +6,9 @@ tensor, the scale being the float32 (amax / 127) as 8 hex digits of its big-endi
 (``struct.pack('!f', scale).hex()``).
 
 trtforge appends its :class:`Fingerprint` to the header line (``TRT-<version>-<Algorithm> model=<hex>
-data=<hex>``): what the scales were computed for, so that a cache beside a changed model, or read with
-other data, is refused rather than trusted by its name. The header is the one line other readers skip
+data=<hex> [percentile=<p>] [real_tokens=yes|no]``): what the scales were computed for, so that a cache
+beside a changed model, read with other data or at other settings, is refused rather than trusted by its
+name. The header is the one line other readers skip
 (ModelOpt reads every line after it as a tensor), so the body stays TensorRT's.
 """
 
@@ -18,7 +19,7 @@ import math
 import os
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,21 +57,28 @@ _DIGITS = 32
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What a cache's scales were computed for: the model (graph and weights, :func:`model_fingerprint`)
-    and the calibration batches (:func:`data_fingerprint`; None: not known)."""
+    """What a cache's scales were computed for: the model (graph and weights, :func:`model_fingerprint`),
+    the calibration batches (:func:`data_fingerprint`; None: not known) and the calibration settings
+    besides the method (the header's algorithm names that) that change the scales, name -> value (values
+    without spaces or '='; a cache of an older trtforge has none)."""
 
     model: str
     data: str | None = None
+    settings: dict[str, str] = field(default_factory=dict)
 
     def header_fields(self) -> str:
         """The fields appended to the cache's header line."""
-        return f"model={self.model}" + (f" data={self.data}" if self.data else "")
+        fields = [f"model={self.model}", *([f"data={self.data}"] if self.data else [])]
+        return " ".join([*fields, *(f"{k}={v}" for k, v in self.settings.items())])
 
     @classmethod
     def from_header(cls, header: str) -> Fingerprint | None:
         """The fingerprint a header line carries; None for one written without (TensorRT's, ModelOpt's)."""
         fields = dict(f.split("=", 1) for f in header.split()[1:] if "=" in f)
-        return cls(fields["model"], fields.get("data")) if "model" in fields else None
+        if "model" not in fields:
+            return None
+        settings = {k: v for k, v in fields.items() if k not in ("model", "data")}
+        return cls(fields["model"], fields.get("data"), settings)
 
 
 def header_algorithm(header: str) -> str:

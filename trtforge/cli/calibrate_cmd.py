@@ -99,6 +99,7 @@ def calibrate_cmd(
     from trtforge.core.onnx_io import (
         EXTERNAL_DATA_THRESHOLD,
         check_model,
+        external_data_path,
         load_onnx,
         model_files,
         save_onnx_atomic,
@@ -113,6 +114,7 @@ def calibrate_cmd(
     calib_cache = Path(opts.calib_cache) if opts.calib_cache else None
 
     out = check_output_path(output, force=force, what="output model")
+    out_data = check_output_path(external_data_path(out), force=force, what="-o's external data file")
     default_cache = calib_cache is None
     cache_path = out.with_suffix(".calib.cache") if default_cache else calib_cache
     if default_cache:
@@ -152,7 +154,7 @@ def calibrate_cmd(
             "(arrays or a module:function, read as they are): nothing would read it. Drop --tokenizer."
         )
     refuse_overwriting_inputs(  # (after loading: a module:function's module file is known once imported)
-        outputs | {"-o's external data file": f"{out}.data"}, model_files(model) | data_files(data, "--data")
+        outputs | {"-o's external data file": out_data}, model_files(model) | data_files(data, "--data")
     )
     # The model, its cache and the report appear together or not at all: a --calib-cache that does not
     # exist yet is written by calibrate_model, staged here with the rest (before, it was renamed into

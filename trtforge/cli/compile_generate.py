@@ -128,8 +128,11 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     if params.get("calib_data") is not None:  # an input the compile session does not see (it gets ids)
         from trtforge._fileio import refuse_overwriting_inputs
         from trtforge.core.manifest import manifest_path_for
+        from trtforge.core.onnx_io import external_data_path
 
-        outputs = {"-o (engine)": params["output"], "--save-onnx": params.get("save_onnx")}
+        save_onnx = params.get("save_onnx")
+        outputs = {"-o (engine)": params["output"], "--save-onnx": save_onnx}
+        outputs["--save-onnx's external data file"] = external_data_path(save_onnx) if save_onnx else None
         outputs["the manifest"] = manifest_path_for(params["output"]) if params["output"] else None
         refuse_overwriting_inputs(outputs, {"--calib-data file": params["calib_data"]})
     prompts = read_prompt_ids(params["calib_data"]) if params.get("calib_data") is not None else None

@@ -67,7 +67,13 @@ def optimize_cmd(
         refuse_overwriting_inputs,
     )
     from trtforge.cli._render import float_check, plain
-    from trtforge.core.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
+    from trtforge.core.onnx_io import (
+        check_model,
+        external_data_path,
+        load_onnx,
+        model_files,
+        save_onnx_atomic,
+    )
     from trtforge.core.policy import check_precision, resolve_attention
     from trtforge.errors import UserError
     from trtforge.passes.pipeline import optimize_model
@@ -87,6 +93,7 @@ def optimize_cmd(
         )
     attention = resolve_attention(passes, precision)
     out_path = check_output_path(output, force=force)
+    out_data = check_output_path(external_data_path(out_path), force=force, what="-o's external data file")
     ledger_path = check_output_path(ledger, force=force, what="ledger") if ledger else None
     check_distinct_outputs({"-o": out_path, "--ledger": ledger_path})
     proto = load_onnx(model)
@@ -103,7 +110,7 @@ def optimize_cmd(
 
         feed_shapes = parse_feed_shapes(verify_shapes, graph_inputs(proto), "--verify-shape")
     refuse_overwriting_inputs(
-        {"-o": out_path, "-o's external data file": f"{out_path}.data", "--ledger": ledger_path},
+        {"-o": out_path, "-o's external data file": out_data, "--ledger": ledger_path},
         model_files(model) | _data_file(precision.data),
     )
     if passes.verify or precision.low_precision():

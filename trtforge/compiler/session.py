@@ -27,6 +27,7 @@ from trtforge._fileio import (
     work_directory,
 )
 from trtforge.core.manifest import Manifest, manifest_path_for, publish_engine, resolve_pending
+from trtforge.core.onnx_io import external_data_path
 from trtforge.core.version import __version__
 from trtforge.errors import UserError
 
@@ -103,8 +104,12 @@ class CompileSession:
             if not self.out.exists():  # (an existing file may be an input: that refusal says more)
                 self._check_engine_name()
             check_output_path(manifest_path_for(self.out), force=force, what="output manifest")
+        save_onnx_data = None
         if save_onnx is not None:
             check_output_path(save_onnx, force=force, what="--save-onnx file")
+            # (a large model's weights go beside it, named before it is known whether they will)
+            save_onnx_data = external_data_path(os.fspath(as_path(save_onnx, "--save-onnx file")))
+            check_output_path(save_onnx_data, force=force, what="--save-onnx's external data file")
         for what, path in (caches or {}).items():
             if path is not None:
                 check_output_path(path, force=True, what=f"{what} file")
@@ -112,6 +117,7 @@ class CompileSession:
             "-o (engine)": self.out,
             "the manifest": manifest_path_for(self.out) if self.out is not None else None,
             "--save-onnx": save_onnx,
+            "--save-onnx's external data file": save_onnx_data,
         }
         check_distinct_outputs(self.outputs | dict(caches or {}))
         self.timings: dict[str, float] = {}

@@ -94,7 +94,7 @@ def read_onnx(
 
     p = check_input_file(path, what, sweep=True)  # (a killed writer's staged copy of it goes)
     if external_data:  # (save_onnx_atomic commits `<name>.data` first: the primary record is its)
-        settle_commit(p.with_name(p.name + ".data"))
+        settle_commit(external_data_path(p))
     if p.stat().st_size == 0:
         raise UserError(f"{what} '{show_path(p)}' is empty (0 bytes); expected an ONNX model file.")
     try:  # (the model and its data file read as one, not between the renames of an optimize writing both:
@@ -227,6 +227,14 @@ def check_structure(proto: onnx.ModelProto, where: str) -> None:
             )
 
 
+def external_data_path(path: str | os.PathLike[str]) -> Path:
+    """The external-data file :func:`save_onnx` writes beside `path` for a large model (`<name>.data`):
+    one name, for the writers and for the output checks that must protect it before it is known whether
+    the model will need it."""
+    p = Path(path)
+    return p.with_name(p.name + ".data")
+
+
 def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
     """Save `model` to `path`; models near 2 GB get their weights in `<name>.data` beside it.
 
@@ -242,7 +250,7 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
             str(p),
             save_as_external_data=True,
             all_tensors_to_one_file=True,
-            location=p.name + ".data",
+            location=external_data_path(p).name,
             size_threshold=1024,
         )
     else:
@@ -270,7 +278,7 @@ def save_onnx_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Pa
     try:
         with atomic_outputs():  # the model and its data file together (with the caller's other outputs)
             save_onnx(model, tmp / p.name)
-            data = tmp / (p.name + ".data")
+            data = external_data_path(tmp / p.name)
             for f in (tmp / p.name, data):  # (on disk before the commit point, as atomic_open's are)
                 if f.exists():
                     fsync_file(f)
