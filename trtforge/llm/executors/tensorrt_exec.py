@@ -98,9 +98,11 @@ def read_step_engine(path: str | Path, manifest: Manifest | None = None) -> Step
 
     p = Path(path)
     label = f"TensorRT engine '{p}'"
+    # (the manifest's reader first settles what a compile killed while publishing the pair left: its
+    # engine may be renamed into place only then)
+    m = manifest if manifest is not None else read_manifest(p)
     if not p.is_file():
         raise UserError(f"{label} {'is a directory' if p.is_dir() else 'does not exist'}.")
-    m = manifest if manifest is not None else read_manifest(p)
     g = m.generation
     if not g:
         raise _fail(label, "its manifest has no `generation` section, so it is not a step engine.")
