@@ -402,10 +402,10 @@ def sweep_dead_work_directories(tmpdir: str | os.PathLike[str] | None = None) ->
     """Remove the work directories (:func:`work_directory`) that runs killed by SIGKILL left in `tmpdir`
     (TMPDIR by default), and return them. Only a directory that is named as ours, owned by this user,
     marked as held by its process's flock and not flocked now (its process is gone) is removed, at any
-    age: a run marks its directory only once it holds the flock, so no age guard is needed (one of five
-    minutes kept a compile --generate's export, gigabytes, beside the next run's when it was run again
-    at once after the kill). A live run's, a just-made (unmarked) one, a user's `trtforge-notes` and
-    another user's stay. The mark goes last, so an interrupted removal is finished by the next sweep."""
+    age: a run marks its directory only once it holds the flock, so no age guard is needed, and a run
+    started again at once after a kill does not find the killed run's export (gigabytes for an LLM) still
+    there. A live run's, a just-made (unmarked) one, a user's `trtforge-notes` and another user's stay.
+    The mark goes last, so an interrupted removal is finished by the next sweep."""
     if fcntl is None:
         return []
     parent = Path(tmpdir if tmpdir is not None else tempfile.gettempdir())

@@ -368,9 +368,9 @@ def _tie_to_driver(driver: int) -> None:
     (SIGINT to the whole process group) reaches the driver alone, which drains and then stops its
     workers; and on Linux the kernel kills the worker if the driver dies without stopping it (a rank
     stuck in an NCCL collective would otherwise outlive it). A driver already gone when that is set up
-    (killed while its workers started: the kernel signals only a death after it) ends the worker here;
-    before, it went on to load its share of the model, gigabytes of (GPU) memory the next run found
-    taken, and only then found the driver gone."""
+    (killed while its workers started: the kernel signals only a death after it) ends the worker here,
+    before it loads its share of the model: gigabytes of (GPU) memory a run started again would find
+    taken."""
     import signal
     import sys
 
