@@ -27,15 +27,22 @@ ORT_TYPES = {
 
 
 def read_generation(path: str | Path) -> dict[str, Any]:
-    """The generation metadata of a step graph file; UserError if it is missing or not ONNX. Read as
-    every trtforge model reader reads (:func:`~trtforge.core.onnx_io.read_onnx`), which first settles what
-    a writer killed while committing the graph and its external data file left: ONNX Runtime then reads
-    the whole old pair or the whole new one, never the old graph over the new data file's weights."""
-    from trtforge.core.onnx_io import read_onnx
+    """The generation metadata of a step graph file; UserError if it is missing or not ONNX. The file is
+    checked as every model reader checks it (:func:`~trtforge._fileio.check_input_file`), which first
+    settles what a writer killed while committing the graph and its external data file left: ONNX
+    Runtime then reads the whole old pair or the whole new one, never the old graph over the new data
+    file's weights."""
+    import onnx
+
+    from trtforge._fileio import check_input_file
     from trtforge.llm.contract import generation_metadata
 
-    p = Path(path)
-    return generation_metadata(read_onnx(p, "step graph", external_data=False), str(p))
+    p = check_input_file(path, "step graph", sweep=True)
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except Exception as e:  # any parse failure: the user's file is bad
+        raise UserError(f"'{p}' is not a readable ONNX file: {e}.") from e
+    return generation_metadata(proto, str(p))
 
 
 class OrtPagedExecutor:
