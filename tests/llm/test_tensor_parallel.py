@@ -446,6 +446,7 @@ from_pretrained("tests.llm.tiny_models:marking_llama_factory", num_blocks=16, te
 """
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the workers' states in /proc")
 def test_workers_of_a_driver_killed_as_they_start_end_before_loading_the_model(tmp_path):
     """`trtforge generate --tensor-parallel-size 2` killed (SIGKILL, the OOM killer) while its workers were
     starting: each worker ends at once. Before, the kernel's parent-death signal, set up only after a
