@@ -218,9 +218,12 @@ def _run_inside_work_directory(tmpdir: Path) -> tuple[subprocess.Popen, Path]:
 
 def test_a_killed_runs_work_directory_is_removed_by_the_next_run(tmp_path, monkeypatch) -> None:
     """Before: a compile killed by SIGKILL (or the OOM killer) left its `trtforge-XXXXXXXX` work directory
-    in TMPDIR for good, maybe gigabytes of ONNX exports. The next run's work directory removes it now;
-    a live run's (flocked), a just-made one's, a user's `trtforge-mybackup` and other names stay."""
-    from trtforge._fileio import DEAD_WORK_AGE_S, work_directory
+    in TMPDIR for good, maybe gigabytes of ONNX exports. The next run's work directory removes it now, and
+    one killed a moment ago too (a compile --generate killed while exporting, run again at once: its work
+    directory, a step graph of the model's size, stayed beside the next run's for five minutes, an age
+    guard no live run needs, since a run marks its directory only once it holds its flock); a live run's
+    (flocked), a just-made one's (not marked yet), a user's `trtforge-mybackup` and other names stay."""
+    from trtforge._fileio import work_directory
 
     dead, dead_dir = _run_inside_work_directory(tmp_path)
     live, live_dir = _run_inside_work_directory(tmp_path)
@@ -233,19 +236,21 @@ def test_a_killed_runs_work_directory_is_removed_by_the_next_run(tmp_path, monke
         for d in users:
             d.mkdir()
             (d / "keep.txt").write_text("the user's")
-        old = time.time() - 2 * DEAD_WORK_AGE_S
+        just_made = tmp_path / "trtforge-abcdefgh"  # (made by a run that has not flocked and marked it yet)
+        just_made.mkdir()
+        old = time.time() - 3600
         for d in (dead_dir, live_dir, *users):
             os.utime(d, (old, old))
         assert dead_dir.is_dir() and (dead_dir / "model.onnx").is_file()
         monkeypatch.setenv("TMPDIR", str(tmp_path))
         monkeypatch.setattr("tempfile.tempdir", None)
         with work_directory("trtforge-") as mine:
-            assert not dead_dir.exists()
-            assert (live_dir / "model.onnx").is_file() and (young_dir / "model.onnx").is_file()
+            assert not dead_dir.exists() and not young_dir.exists()
+            assert (live_dir / "model.onnx").is_file() and just_made.is_dir()
             assert all((d / "keep.txt").is_file() for d in users)
         assert not mine.exists()
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-            [live_dir.name, young_dir.name, *(d.name for d in users)]
+            [live_dir.name, just_made.name, *(d.name for d in users)]
         )
     finally:
         for proc in (dead, live, young):
@@ -822,7 +827,6 @@ def test_no_sweep_removes_a_live_writers_leftover_where_flock_fails(tmp_path, mo
     sweeps share one test (dead_leftover): a lock it could not take is no dead writer's."""
     from trtforge._fileio import (
         DEAD_TEMP_AGE_S,
-        DEAD_WORK_AGE_S,
         atomic_write_bytes,
         recover_staged_directory,
         sweep_dead_work_directories,
@@ -840,7 +844,7 @@ def test_no_sweep_removes_a_live_writers_leftover_where_flock_fails(tmp_path, mo
         live = tmp_path / "trtforge-abcdefgh"
         live.mkdir()
         (live / ".trtforge-work").touch()
-    aged = time.time() - 2 * max(DEAD_TEMP_AGE_S, DEAD_WORK_AGE_S)
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S
     os.utime(live, (aged, aged))
     _no_flock(monkeypatch)
     if sweep == "staged file":

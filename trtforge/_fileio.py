@@ -356,10 +356,8 @@ def signals_deferred() -> Iterator[None]:
 #: `trtforge-report-`, ...) and tempfile's eight random characters
 _WORK_NAME = re.compile(r"trtforge-(?:[a-z]+-)*[a-z0-9_]{8}")
 #: the file inside a work directory saying that its process holds an flock on it for as long as it lives
+#: (made once the flock is held: a marked directory whose flock nobody holds is a killed run's, at any age)
 _WORK_MARK = ".trtforge-work"
-#: seconds after which an unheld work directory is a killed run's (a live one holds its flock from before
-#: the mark is made; the age only guards what no flock can: a run that has just made its directory)
-DEAD_WORK_AGE_S = 300.0
 #: seconds after which a staged file or directory that no live writer holds is a killed writer's (a live
 #: one takes its flock microseconds after creating it)
 DEAD_TEMP_AGE_S = 5.0
@@ -403,9 +401,11 @@ def work_directory(prefix: str) -> Iterator[Path]:
 def sweep_dead_work_directories(tmpdir: str | os.PathLike[str] | None = None) -> list[Path]:
     """Remove the work directories (:func:`work_directory`) that runs killed by SIGKILL left in `tmpdir`
     (TMPDIR by default), and return them. Only a directory that is named as ours, owned by this user,
-    marked as held by its process's flock, older than DEAD_WORK_AGE_S and not flocked now (its process
-    is gone) is removed; a live run's, a user's `trtforge-notes` and another user's stay. The mark goes
-    last, so an interrupted removal is finished by the next sweep."""
+    marked as held by its process's flock and not flocked now (its process is gone) is removed, at any
+    age: a run marks its directory only once it holds the flock, so no age guard is needed, and a run
+    started again at once after a kill does not find the killed run's export (gigabytes for an LLM) still
+    there. A live run's, a just-made (unmarked) one, a user's `trtforge-notes` and another user's stay.
+    The mark goes last, so an interrupted removal is finished by the next sweep."""
     if fcntl is None:
         return []
     parent = Path(tmpdir if tmpdir is not None else tempfile.gettempdir())
@@ -423,7 +423,7 @@ def sweep_dead_work_directories(tmpdir: str | os.PathLike[str] | None = None) ->
                 continue
         except OSError:  # (gone, or not ours to look into: not ours to remove)
             continue
-        with dead_leftover(entry, DEAD_WORK_AGE_S) as dead:
+        with dead_leftover(entry, 0.0) as dead:
             if dead and _empty_work_directory(entry):
                 removed.append(entry)
     return removed

@@ -428,6 +428,63 @@ def test_a_workers_refusal_at_start_reaches_the_caller_and_no_worker_is_left(tmp
     assert not left()
 
 
+# Starts a tensor-parallel engine of two workers on the marking factory and is killed (SIGKILL) right after
+# the second worker process started, printing each worker's process id first.
+_DRIVER_KILLED_AT_START = """
+import os, signal, sys
+import multiprocessing.context as context
+from trtforge.llm import from_pretrained
+real, started = context.SpawnProcess.start, []
+def start(self):
+    real(self)
+    print(self.pid, flush=True)
+    started.append(self.pid)
+    if len(started) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+context.SpawnProcess.start = start
+from_pretrained("tests.llm.tiny_models:marking_llama_factory", num_blocks=16, tensor_parallel_size=2)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the workers' states in /proc")
+def test_workers_of_a_driver_killed_as_they_start_end_before_loading_the_model(tmp_path):
+    """`trtforge generate --tensor-parallel-size 2` killed (SIGKILL, the OOM killer) while its workers were
+    starting: each worker ends at once. Before, the kernel's parent-death signal, set up only after a
+    worker had imported torch, never came for a driver that died before; each worker joined the others,
+    loaded its share of the model (gigabytes of GPU memory a run started again at once found taken) and
+    only then found its driver gone."""
+    import subprocess
+    import sys
+
+    from tests.compiler.test_kill import _env
+
+    loaded = tmp_path / "loaded"
+    env = dict(_env(tmp_path / "tmp"), TRTFORGE_TEST_LOADED=str(loaded))
+    driver = subprocess.run(
+        [sys.executable, "-c", _DRIVER_KILLED_AT_START], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert driver.returncode == -signal.SIGKILL, driver.stderr
+    workers = [int(pid) for pid in driver.stdout.split()]
+    assert len(workers) == 2, driver.stdout
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # (a zombie has ended)
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 120
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not any(alive(pid) for pid in workers), "a worker outlived its driver by two minutes"
+        assert not list(tmp_path.glob("loaded.*")), "an orphaned worker loaded the model"
+    finally:
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 # the split families whose two gloo worker processes run what the thread ranks below do not: OLMo 2's
 # ShardedRMSNorm (one more all-reduce a layer, inside the q/k norms), Phi-3's fused qkv_proj and gate_up_proj,
 # GPT-NeoX's per-head fused query_key_value (MHA) and parallel residual, BLOOM's ALiBi slopes (each rank's

@@ -289,6 +289,48 @@ def test_loading_a_step_engine_reads_its_manifest_once(built, monkeypatch):
     assert len(reads) == 1, reads
 
 
+# Publishes the engine ARGV[1] with its manifest to ARGV[2] as compile does (publish_engine) and is killed
+# (SIGKILL) right after its os.replace onto ARGV[3], the commit point's record: nothing renamed yet.
+_PUBLISHER = """
+import os, signal, sys
+from pathlib import Path
+from trtforge.core.manifest import publish_engine, read_manifest
+real = os.replace
+def replace(src, dst, *args, **kwargs):
+    real(src, dst, *args, **kwargs)
+    if Path(dst) == Path(sys.argv[3]):
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+publish_engine(sys.argv[2], Path(sys.argv[1]).read_bytes(), read_manifest(sys.argv[1]))
+"""
+
+
+@pytest.mark.trt_build
+def test_a_step_engine_killed_at_its_commit_point_is_read_whole(built, tmp_path):
+    """`compile --generate --cache-layout paged -o llm.engine` killed (SIGKILL) at its commit point, its
+    pair not yet renamed into place: the step-engine reader (`trtforge generate llm.engine`, llm.load)
+    finishes the publish, as every engine reader does. Before, it looked for the engine before reading the
+    manifest (whose reader settles the pair) and said the engine did not exist."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.compiler.test_kill import _env
+    from trtforge._fileio import temp_name
+
+    engine, _ = built
+    out = tmp_path / "d" / "llm.engine"
+    out.parent.mkdir()
+    argv = [sys.executable, "-c", _PUBLISHER, str(engine), str(out), str(temp_name(out, "commit"))]
+    writer = subprocess.run(argv, env=_env(tmp_path / "tmp"), capture_output=True, text=True, timeout=120)
+    assert writer.returncode == -9, writer.stderr
+    assert not out.exists() and os.path.lexists(temp_name(out, "commit"))
+    spec = read_step_engine(out)
+    assert spec.engine_blocks == POOL_BLOCKS
+    assert sorted(os.listdir(out.parent)) == ["llm.engine", "llm.engine.json"]
+    assert out.read_bytes() == engine.read_bytes()
+
+
 def test_engine_config_lowers_defaults_and_refuses_explicit_excess():
     limits = {"max_num_seqs": 4, "max_prefill_chunk": 16}
     cfg = engine_config(None, limits)

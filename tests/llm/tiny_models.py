@@ -854,6 +854,15 @@ def llama_factory():
     return tiny_model("llama"), None
 
 
+def marking_llama_factory():
+    """llama_factory that first creates the file $TRTFORGE_TEST_LOADED names: a test sees whether (and in
+    which process) the model was loaded."""
+    import os
+
+    open(os.environ["TRTFORGE_TEST_LOADED"] + f".{os.getpid()}", "x").close()
+    return llama_factory()
+
+
 def gpt2_factory():
     return tiny_model("gpt2"), None
 

@@ -287,7 +287,7 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
             f"engine '{show_path(engine_path)}' is a directory; expected an engine file (MODEL.engine, with "
             "MODEL.engine.json beside it)."
         )
-    _settle_for_reading(engine_path)
+    settle_for_reading(engine_path)
     path = manifest_path_for(engine_path)
     if engine_path.name.endswith(".engine" + MANIFEST_SUFFIX) and not path.exists() and engine_path.is_file():
         engine = engine_path.with_suffix("")  # the manifest was given: it read "no manifest 'X.json.json'"
@@ -360,7 +360,7 @@ def read_engine(
     engine's directory: a compile publishing over the pair meanwhile is seen wholly before or after its
     renames, never as its new engine beside the old manifest (a false "does not match" error)."""
     p = as_path(engine_path, "the engine")
-    _settle_for_reading(p)  # (what a dead compile left is settled, renaming, before the shared lock)
+    settle_for_reading(p)  # (what a dead compile left is settled, renaming, before the shared lock)
     try:
         with directory_lock([p.parent], shared=True):
             found = read_manifest(p) if manifest is None else manifest
@@ -373,11 +373,11 @@ def read_engine(
         return found, verify_engine_file(p, found)
 
 
-def _settle_for_reading(out: Path) -> None:
-    """What a reader of engine `out` settles: an interrupted group commit onto the pair (one stat each
-    when there is none), and, only when the manifest is missing, whatever else a dead publisher left
-    (:func:`resolve_pending`, which lists the directory: a reader of an engine among thousands of files
-    must not pay for that each time; a compile does, before it publishes)."""
+def settle_for_reading(out: Path) -> None:
+    """What a reader of engine `out` settles before it looks at the pair: an interrupted group commit onto
+    the pair (one stat each when there is none), and, only when the manifest is missing, whatever else a
+    dead publisher left (:func:`resolve_pending`, which lists the directory: a reader of an engine among
+    thousands of files must not pay for that each time; a compile does, before it publishes)."""
     if not out.name:
         return
     settle_commit(out, manifest_path_for(out))
@@ -501,6 +501,7 @@ __all__ = [
     "read_engine",
     "read_manifest",
     "resolve_pending",
+    "settle_for_reading",
     "sha256_file",
     "verify_engine_file",
     "write_manifest",

@@ -27,14 +27,17 @@ ORT_TYPES = {
 
 
 def read_generation(path: str | Path) -> dict[str, Any]:
-    """The generation metadata of a step graph file; UserError if it is missing or not ONNX."""
+    """The generation metadata of a step graph file; UserError if it is missing or not ONNX. The file is
+    checked as every model reader checks it (:func:`~trtforge._fileio.check_input_file`), which first
+    settles what a writer killed while committing the graph and its external data file left: ONNX
+    Runtime then reads the whole old pair or the whole new one, never the old graph over the new data
+    file's weights."""
     import onnx
 
+    from trtforge._fileio import check_input_file
     from trtforge.llm.contract import generation_metadata
 
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"step graph '{p}' does not exist.")
+    p = check_input_file(path, "step graph", sweep=True)
     try:
         proto = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # any parse failure: the user's file is bad

@@ -167,7 +167,7 @@ class TensorParallelExecutor:
                 mine, theirs = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=_worker_main,
-                    args=(rank, world, port, kind, backend, model, options, theirs),
+                    args=(rank, world, port, kind, backend, model, options, theirs, os.getpid()),
                     name=f"trtforge-tp-rank{rank}",
                     daemon=True,
                 )
@@ -323,13 +323,22 @@ class TensorParallelExecutor:
 
 # ---- the worker (rank) side ----------------------------------------------------------------------
 def _worker_main(
-    rank: int, world: int, port: int, kind: str, backend: str, source: Any, options: dict, conn: Any
+    rank: int,
+    world: int,
+    port: int,
+    kind: str,
+    backend: str,
+    source: Any,
+    options: dict,
+    conn: Any,
+    driver: int,
 ) -> None:
-    """One rank: join the group, load and shard the model, build its executor, then run steps."""
+    """One rank of the driver whose process id is `driver`: join the group, load and shard the model,
+    build its executor, then run steps."""
+    _tie_to_driver(driver)  # (first: importing torch alone takes seconds, in which the driver may die)
     import torch
     import torch.distributed as dist
 
-    _tie_to_driver()
     try:
         if kind == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -354,11 +363,14 @@ def _worker_main(
         os._exit(1)  # never run atexit hooks of a half-initialised process group
 
 
-def _tie_to_driver() -> None:
-    """A worker's life belongs to the driver: Ctrl-C in a terminal (SIGINT to the whole process group)
-    reaches the driver alone, which drains and then stops its workers; and on Linux the kernel kills
-    the worker if the driver dies without stopping it (a rank stuck in an NCCL collective would
-    otherwise outlive it)."""
+def _tie_to_driver(driver: int) -> None:
+    """A worker's life belongs to the driver (process id `driver`, its parent): Ctrl-C in a terminal
+    (SIGINT to the whole process group) reaches the driver alone, which drains and then stops its
+    workers; and on Linux the kernel kills the worker if the driver dies without stopping it (a rank
+    stuck in an NCCL collective would otherwise outlive it). A driver already gone when that is set up
+    (killed while its workers started: the kernel signals only a death after it) ends the worker here,
+    before it loads its share of the model: gigabytes of (GPU) memory a run started again would find
+    taken."""
     import signal
     import sys
 
@@ -369,6 +381,8 @@ def _tie_to_driver() -> None:
         with contextlib.suppress(OSError, AttributeError):
             pr_set_pdeathsig = 1
             ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != driver:  # (orphaned: nobody to report to, and nothing of the model loaded yet)
+        os._exit(1)
 
 
 def _portable(exc: BaseException) -> BaseException:

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.core.manifest import Manifest, ShapeRange, read_manifest
+from trtforge.core.manifest import Manifest, ShapeRange, read_manifest, settle_for_reading
 from trtforge.errors import TrtforgeError, UserError
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
@@ -98,6 +98,7 @@ def read_step_engine(path: str | Path, manifest: Manifest | None = None) -> Step
 
     p = Path(path)
     label = f"TensorRT engine '{p}'"
+    settle_for_reading(p)  # (a compile killed while publishing the pair: its engine may be renamed in now)
     if not p.is_file():
         raise UserError(f"{label} {'is a directory' if p.is_dir() else 'does not exist'}.")
     m = manifest if manifest is not None else read_manifest(p)
