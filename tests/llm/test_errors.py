@@ -267,8 +267,14 @@ _CONFIG_EDITS = {
 _WEIGHT_EDITS = {
     "weight shape": lambda t: t[:, : t.shape[1] // 2].contiguous(),
     "integer weight": lambda t: (t * 100).to(torch.int32),
+    # (with a quantization_config whose quant_method transformers does not know: _QUANTIZED)
+    "unknown quantization": lambda t: (t * 100).to(torch.int8),
     "nan weight": lambda t: torch.full_like(t, float("nan")),
 }
+
+
+# _broken_dir's quantization_config beside a weight _WEIGHT_EDITS stores as integers
+_QUANTIZED = {"unknown quantization": {"quant_method": "int8_custom", "bits": 8}}
 
 
 def _broken_dir(tmp_path, what: str):
@@ -296,6 +302,9 @@ def _broken_dir(tmp_path, what: str):
         name = "model.layers.0.self_attn.q_proj.weight"
         tensors[name] = _WEIGHT_EDITS[what](tensors[name])
         save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+        if what in _QUANTIZED:
+            config = json.loads((d / "config.json").read_text())
+            (d / "config.json").write_text(json.dumps(config | {"quantization_config": _QUANTIZED[what]}))
     elif what == "layers unset" or what in _CONFIG_EDITS:
         config = json.loads((d / "config.json").read_text())
         if what == "layers unset":  # LlamaConfig's default is 32 layers; the file holds 2
@@ -358,6 +367,13 @@ def _broken_dir(tmp_path, what: str):
         ),
         # before: the integers were cast to floats without a word (the engine built and generate ran)
         ("integer weight", r"stores tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' as I32, an integer"),
+        # before: transformers skipped the unknown method with a warning, the integer check trusted the
+        # quantization_config, and the int8 weights ran as floats (exit 0, nonsense tokens)
+        (
+            "unknown quantization",
+            r"config\.json': quantization_config\.quant_method='int8_custom' is no quantization method "
+            r"transformers knows \(.*gptq.*\); it would load",
+        ),
         # before: transformers dropped the stored layer 1 (or every attention bias) with a warning its
         # silenced verbosity kept unprinted, and compiled a model other than the checkpoint's (exit 0)
         (

@@ -79,6 +79,7 @@ def load_causal_lm(source: Any) -> Any:
                 + (f" {hint}" if hint else "")
             )
         check_config_sizes(config)  # (else a negative size reads as a weight file's fault)
+        _refuse_unknown_quantization(path, config)
         _check_generation_config(path)
         pickled = check_pickled_weights(path)  # (before transformers unpickles them)
         # (before transformers builds the model, maybe for minutes)
@@ -230,6 +231,27 @@ def _refuse_config_beyond_weights(path: Path, config: Any, pickled: dict[Path, d
             f"the weight files in '{path}' hold {values:,} values ({stored_bytes / 1e6:.1f} MB); "
             "transformers would build the whole model before noticing. Expected config.json as "
             "save_pretrained wrote it with these weights."
+        )
+
+
+def _refuse_unknown_quantization(path: Path, config: Any) -> None:
+    """UserError naming config.json's quantization_config.quant_method where transformers knows no such
+    method: it skips the quantization with a warning and loads the packed integers as float weights (and
+    :func:`_refuse_integer_weights` trusts a quantization_config), so the model ran as garbage (exit 0)."""
+    from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
+
+    quant = getattr(config, "quantization_config", None)
+    if not isinstance(quant, dict):  # (None, or a config object transformers made: a method it knows)
+        return
+    method = quant.get("quant_method")
+    if quant.get("load_in_8bit") or quant.get("load_in_4bit") or method is None:
+        return  # (bitsandbytes, or transformers' own error for a config without a method)
+    if not isinstance(method, str) or method not in AUTO_QUANTIZATION_CONFIG_MAPPING:
+        raise UserError(
+            f"'{path}/config.json': quantization_config.quant_method={method!r} is no quantization method "
+            f"transformers knows ({', '.join(sorted(AUTO_QUANTIZATION_CONFIG_MAPPING))}); it would load "
+            "the quantized weights as float weights and run them as nonsense. Expected an unquantized "
+            "checkpoint (BF16, F16 or F32 weights), or one quantized by a method transformers loads."
         )
 
 
