@@ -797,3 +797,58 @@ def test_checkpoints_smaller_than_a_plain_one_pass_the_config_against_weights_ch
     shared = sorted((Path(__file__).resolve().parents[2] / "../shared/models").glob("code-llama-*"))
     for d in dirs + shared:
         _refuse_config_beyond_weights(d, tf.AutoConfig.from_pretrained(str(d), local_files_only=True), {})
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        ("{not json", r"\(JSONDecodeError: "),
+        ("{}", r"\(KeyError: 'weight_map'\)"),
+        ('{"weight_map": [1]}', r"\(AttributeError: "),
+        ('{"weight_map": {"lm_head.weight": 5}}', r"names a shard by a value that is not a string"),
+    ],
+)
+def test_a_damaged_safetensors_index_exits_2_naming_it(index, message, tmp_path, capsys):
+    """model.safetensors.index.json is read (for the .bin files beside it, the config against the weights)
+    before transformers reads it, as pytorch_model.bin.index.json is: a damaged one is refused naming it.
+    Before, its JSONDecodeError, KeyError, AttributeError or TypeError was an internal error (exit 1)."""
+    d = tmp_path / "hf"
+    tiny_model("llama").save_pretrained(d, max_shard_size="20KB")
+    (d / "model.safetensors.index.json").write_text(index)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for argv in (
+        ["generate", str(d), "--prompt-ids", "1 2 3", "--executor", "torch"],
+        ["compile", str(d), "--generate", "-o", str(tmp_path / "x.engine")],
+    ):
+        assert cli_main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())  # (rich wraps the message)
+        assert "Traceback" not in err, err
+        assert re.search(r"model\.safetensors\.index\.json' (is not the index|names a shard)", err), err
+        assert re.search(message, err), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_the_config_against_weights_check_lets_only_a_damaged_file_pass_unread(tmp_path, monkeypatch):
+    """The early header read leaves a weight file safetensors cannot read to transformers' load (which
+    names it); any other error there is a fault of trtforge's and is raised, not taken for a damaged file
+    (the check skipped without a word)."""
+    import safetensors
+    import transformers as tf
+
+    from trtforge.llm.models.loader import _refuse_config_beyond_weights
+
+    d = tmp_path / "hf"
+    tiny_model("llama").save_pretrained(d)
+    config = tf.AutoConfig.from_pretrained(str(d), local_files_only=True)
+    weights = d / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:1000])
+    _refuse_config_beyond_weights(d, config, {})  # (SafetensorError: left to transformers)
+    weights.write_bytes(good)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a fault in the header read")
+
+    monkeypatch.setattr(safetensors, "safe_open", broken)
+    with pytest.raises(RuntimeError, match="a fault in the header read"):
+        _refuse_config_beyond_weights(d, config, {})

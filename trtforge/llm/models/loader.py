@@ -183,11 +183,11 @@ def _refuse_config_beyond_weights(path: Path, config: Any, pickled: dict[Path, d
     The bound is loose on purpose: one bit a parameter (any quantized checkpoint holds more), an embedding
     counted once (tied), h*h/2 a layer (the query and output projections hold more). Safetensors files whose
     headers cannot be read are left to transformers."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     shapes = {name: list(t.shape) for tensors in pickled.values() for name, t in tensors.items()}
-    try:  # (an index transformers has not read yet may be broken too)
-        files = list(pickled) or _safetensors_files(path)
+    files = list(pickled) or _safetensors_files(path)  # (a damaged index: its UserError)
+    try:
         if not files or not all(f.is_file() for f in files):
             return
         for file in (f for f in files if f not in pickled):
@@ -195,7 +195,10 @@ def _refuse_config_beyond_weights(path: Path, config: Any, pickled: dict[Path, d
                 names = f.keys()  # (a safe_open handle is not iterable)
                 shapes.update({name: list(f.get_slice(name).get_shape()) for name in names})
         stored_bytes = sum(f.stat().st_size for f in files)
-    except Exception:  # (a damaged file or index: transformers' load below reports it by name)
+    except (
+        SafetensorError,
+        OSError,
+    ):  # (a damaged or unreadable file: transformers' load reports it by name)
         return
     raw = json.loads((path / "config.json").read_text())
 
@@ -288,15 +291,18 @@ def _refuse_integer_weights(path: Path, config: Any, model: Any, pickled: dict[P
 
 
 def _safetensors_files(path: Path) -> list[Path]:
-    """The safetensors files transformers loaded from `path`: the shards its index names, or the one file."""
-    import json
-
+    """The safetensors files transformers loads from `path`: the shards its index names, or the one file."""
     index = path / "model.safetensors.index.json"
-    if index.is_file():  # (transformers has read it: it is valid)
-        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if index.is_file():
+        return _index_shards(index, "safetensors")
     single = path / "model.safetensors"
     return [single] if single.is_file() else []
 
+
+#: what reading a damaged weight index raises (:func:`_index_shards`): not JSON or not UTF-8 (ValueError), no
+#: weight_map (KeyError), a weight_map that is no object (AttributeError), unhashable shard names (TypeError),
+#: a file it may not read (OSError)
+_DAMAGED_INDEX: tuple[type[Exception], ...] = (OSError, ValueError, KeyError, AttributeError, TypeError)
 
 #: torch's weights-only unpickler is unsafe before 2.6 (CVE-2025-32434); transformers refuses .bin files there
 _SAFE_TORCH_LOAD = (2, 6)
@@ -309,20 +315,27 @@ def _bin_files(path: Path) -> list[Path]:
         return []
     index = path / "pytorch_model.bin.index.json"
     if index.is_file():
-        expected = (
-            "expected a JSON object whose weight_map maps each tensor name to its .bin shard's file name"
-        )
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise UserError(
-                f"'{index}' is not the index save_pretrained writes ({_first_line(e)}); {expected}."
-            ) from e
-        if not all(isinstance(name, str) for name in shards):
-            raise UserError(f"'{index}' names a shard by a value that is not a string; {expected}.")
-        return [path / name for name in sorted(shards)]
+        return _index_shards(index, ".bin")
     single = path / "pytorch_model.bin"
     return [single] if single.exists() else []
+
+
+def _index_shards(index: Path, kind: str) -> list[Path]:
+    """The `kind` shard files (safetensors or .bin) the weight index `index` names; UserError naming the
+    index where it is not the JSON object save_pretrained writes. Read before transformers reads it (the
+    checks before its load), so a damaged index was an internal error (a KeyError, a JSONDecodeError)."""
+    expected = (
+        f"expected a JSON object whose weight_map maps each tensor name to its {kind} shard's file name"
+    )
+    try:
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+    except _DAMAGED_INDEX as e:
+        raise UserError(
+            f"'{index}' is not the index save_pretrained writes ({_first_line(e)}); {expected}."
+        ) from e
+    if not all(isinstance(name, str) for name in shards):
+        raise UserError(f"'{index}' names a shard by a value that is not a string; {expected}.")
+    return [index.parent / name for name in sorted(shards)]
 
 
 def check_pickled_weights(path: Path) -> dict[Path, dict[str, Any]]:
