@@ -288,6 +288,8 @@ def _broken_dir(tmp_path, what: str):
         (d / "generation_config.json").write_text('{"eos_token_id": [0, 2')
     elif what == "generation eos":
         (d / "generation_config.json").write_text(json.dumps({"eos_token_id": ["x"]}))
+    elif what == "generation eos outside":
+        (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5000]}))
     elif what == "config":
         (d / "config.json").write_text("{not json")
     elif what == "weights":
@@ -431,6 +433,23 @@ def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsy
         err = capsys.readouterr().err
         assert "Traceback" not in err and re.search(message, err), err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_generation_config_stop_id_outside_the_vocabulary_is_reported(tmp_path, capsys):
+    """generation_config.json's eos_token_id outside the vocabulary: generate runs (as transformers' own
+    generate does, never stopping there) and says so, naming the file and the id. Before, the id was
+    dropped from the stop ids without a word (transformers warns only of config.json's)."""
+    d = _broken_dir(tmp_path, "generation eos outside")
+    assert (
+        cli_main(["generate", str(d), "--prompt-ids", "1 2 3", "--executor", "torch", "--max-tokens", "2"])
+        == 0
+    )
+    err = " ".join(capsys.readouterr().err.split())
+    assert re.search(
+        r"warning: '[^']*/generation_config\.json': eos_token_id \[5000\] lie\(s\) outside the vocabulary "
+        r"of vocab_size=300 ids",
+        err,
+    ), err
 
 
 class _RunsCode:

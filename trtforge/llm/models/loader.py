@@ -11,13 +11,14 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import os_error
 from trtforge._usercode import load_factory
-from trtforge.errors import UserError
+from trtforge.errors import TrtforgeWarning, UserError
 from trtforge.llm.models.base import UNSUPPORTED_HINTS, _stored_key, check_config_sizes, token_ids
 from trtforge.llm.models.families import SUPPORTED
 
@@ -116,10 +117,7 @@ def load_causal_lm(source: Any) -> Any:
         _refuse_unused_layer_weights(path, config, model, info.get("unexpected_keys") or [])
         _refuse_integer_weights(path, config, model, pickled)
         # (transformers validates none of generation_config.json's ids; checked here, where the file is known)
-        generation = getattr(model, "generation_config", None)
-        token_ids(
-            getattr(generation, "eos_token_id", None), 0, f"'{path}/generation_config.json': eos_token_id"
-        )
+        _report_stop_ids_outside_vocabulary(path, config, getattr(model, "generation_config", None))
         refuse_nan_weights(model, f"'{path}'")
         return model.eval()
     if path.suffix.lower() in (".onnx", ".pt2", ".engine") or path.exists():
@@ -451,6 +449,31 @@ def _check_generation_config(path: Path) -> None:
             f"'{file}' is not a generation config transformers can read ({_first_line(e)}); expected the "
             "JSON object save_pretrained writes (its stop ids, eos_token_id, end generation), or no file."
         ) from e
+
+
+def _report_stop_ids_outside_vocabulary(path: Path, config: Any, generation: Any) -> None:
+    """UserError naming generation_config.json's eos_token_id where it is not a token id (transformers
+    validates none of that file's ids), and a warning naming the ids that lie outside the vocabulary:
+    they can never be generated, so generation does not stop at them (nor does transformers' generate:
+    the tokens stay its), where before they were dropped without a word. (transformers warns of
+    config.json's own out-of-vocabulary ids; a stop id is no reason to refuse a model transformers runs.)"""
+    value = getattr(generation, "eos_token_id", None)
+    vocab = getattr(config, "vocab_size", None)
+    if not (path / "generation_config.json").is_file() or not isinstance(vocab, int):
+        return
+    file = f"'{path}/generation_config.json'"
+    kept = token_ids(value, vocab, f"{file}: eos_token_id")
+    outside = [
+        i for i in (value if isinstance(value, (list, tuple)) else [value]) if i is not None and i not in kept
+    ]
+    if outside:
+        warnings.warn(
+            f"{file}: eos_token_id {outside} lie(s) outside the vocabulary of vocab_size={vocab} ids "
+            f"(config.json); no token can stop generation there (nor in transformers' generate). "
+            f"Expected ids below {vocab}.",
+            TrtforgeWarning,
+            stacklevel=2,
+        )
 
 
 def _refuse_pad_outside_vocabulary(path: Path, config: Any, error: Exception) -> None:
