@@ -871,3 +871,73 @@ def test_the_config_against_weights_check_lets_only_a_damaged_file_pass_unread(t
     monkeypatch.setattr(safetensors, "safe_open", broken)
     with pytest.raises(RuntimeError, match="a fault in the header read"):
         _refuse_config_beyond_weights(d, config, {})
+
+
+def _custom_code_dir(tmp_path: Path, what: str) -> tuple[Path, Path]:
+    """A directory whose `what` ("model" or "tokenizer") names its own Python code (auto_map), which would
+    create the returned marker file when run."""
+    d, marker = tmp_path / what, tmp_path / "ran"
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    if what == "model":
+        tiny_model("llama").save_pretrained(d)
+        config = json.loads((d / "config.json").read_text())
+        config |= {
+            "model_type": "customlm",
+            "auto_map": {"AutoConfig": "configuration_customlm.CustomConfig"},
+        }
+        (d / "config.json").write_text(json.dumps(config))
+        (d / "configuration_customlm.py").write_text(
+            code + "from transformers import LlamaConfig as CustomConfig\n"
+        )
+    else:
+        d.mkdir(parents=True)
+        auto_map = {"AutoTokenizer": ["tokenization_custom.CustomTokenizer", None]}
+        (d / "tokenizer_config.json").write_text(
+            json.dumps({"tokenizer_class": "CustomTokenizer", "auto_map": auto_map})
+        )
+        (d / "tokenization_custom.py").write_text(
+            code + "from transformers import PreTrainedTokenizer as CustomTokenizer\n"
+        )
+    return d, marker
+
+
+@pytest.mark.parametrize("what", ["model", "tokenizer"])
+def test_a_checkpoint_with_its_own_code_is_refused_without_running_it(what, tmp_path, monkeypatch, capsys):
+    """A model or tokenizer directory naming its own code (config.json's or tokenizer_config.json's
+    auto_map, for a class transformers does not implement): refused (exit 2) without asking and without
+    running it. Before, transformers asked on stdin whether to run the code ("y" ran it: the marker)."""
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt="": asked.append(prompt) or "y")
+    d, marker = _custom_code_dir(tmp_path, what)
+    if what == "model":
+        argv = ["generate", str(d), "--prompt-ids", "1 2 3", "--executor", "torch"]
+        message = r"config\.json' names its own Python code \(auto_map: .*configuration_customlm.*\) "
+        message += r"for model_type "
+        message += (
+            r"'customlm', which transformers does not implement; trtforge never runs a checkpoint's code"
+        )
+    else:
+        argv = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt", "hi", "--tokenizer", str(d)]
+        message = r"cannot load the tokenizer in '[^']*tokenizer' \(ValueError: .*contains custom code"
+    assert cli_main([*argv, "--max-tokens", "2"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Traceback" not in err and re.search(message, err), err
+    assert not asked and not marker.exists()
+
+
+def test_the_calibration_tokenizer_and_the_tensor_parallel_check_run_no_code_of_the_directory(
+    tmp_path, monkeypatch
+):
+    """The other readers of a user's directory (calibration's tokenizer, tensor parallelism's check of the
+    config before its workers start) run none of its own code either, nor ask whether to."""
+    from trtforge.calibration.sources import resolve_tokenizer
+    from trtforge.llm.executors.tensor_parallel import check_model
+
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt="": asked.append(prompt) or "y")
+    tokenizer, marker = _custom_code_dir(tmp_path / "t", "tokenizer")
+    with pytest.raises(UserError, match=r"cannot load tokenizer '[^']*' \(.*contains custom code"):
+        resolve_tokenizer(tokenizer)
+    model, model_marker = _custom_code_dir(tmp_path / "m", "model")
+    check_model(str(model), 2)  # (an unreadable config: left to the workers' loader, which refuses it)
+    assert not asked and not marker.exists() and not model_marker.exists()

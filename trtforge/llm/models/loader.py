@@ -66,10 +66,13 @@ def load_causal_lm(source: Any) -> Any:
             )
         import transformers
 
-        try:
-            config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        try:  # (never the directory's own code: transformers would ask on stdin whether to run it)
+            config = transformers.AutoConfig.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=False
+            )
         except Exception as e:  # the directory's config.json is the user's (huggingface_hub's strict
             # validation errors, a ZeroDivisionError from 0 heads in transformers' own checks, ...)
+            _refuse_custom_code(path, e)
             raise UserError(
                 f"'{path}/config.json' is not a Hugging Face config transformers can read ({_first_line(e)})."
             ) from e
@@ -93,6 +96,7 @@ def load_causal_lm(source: Any) -> Any:
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
                 str(path),
                 local_files_only=True,
+                trust_remote_code=False,  # (a supported model_type's auto_map: transformers' own class)
                 dtype=torch.float32,
                 output_loading_info=True,
                 ignore_mismatched_sizes=True,
@@ -129,6 +133,24 @@ def load_causal_lm(source: Any) -> Any:
     model, _ = load_factory(str(source))
     refuse_nan_weights(model, f"the model of '{source}'")
     return model
+
+
+def _refuse_custom_code(path: Path, error: Exception) -> None:
+    """UserError naming config.json's auto_map where transformers could not read the config without the
+    directory's own Python code (a model_type it does not implement): trtforge never runs a checkpoint's
+    code. Before, transformers asked on stdin whether to run it (from a terminal, "y" ran it)."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):  # (the config's own fault: the caller's message names it)
+        return
+    auto_map = raw.get("auto_map") if isinstance(raw, dict) else None
+    if auto_map:
+        raise UserError(
+            f"'{path}/config.json' names its own Python code (auto_map: {json.dumps(auto_map)[:200]}) for "
+            f"model_type {raw.get('model_type')!r}, which transformers does not implement; trtforge never "
+            f"runs a checkpoint's code (transformers' trust_remote_code). Supported causal LMs: "
+            f"{', '.join(SUPPORTED)}."
+        ) from error
 
 
 def _refuse_mismatched(path: Path, mismatched: Any) -> None:
