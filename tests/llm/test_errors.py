@@ -941,3 +941,28 @@ def test_the_calibration_tokenizer_and_the_tensor_parallel_check_run_no_code_of_
     model, model_marker = _custom_code_dir(tmp_path / "m", "model")
     check_model(str(model), 2)  # (an unreadable config: left to the workers' loader, which refuses it)
     assert not asked and not marker.exists() and not model_marker.exists()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "falcon", "bloom", "mixtral"])
+def test_a_bidirectional_config_is_refused_by_every_consumer(family, tmp_path, capsys):
+    """config.is_causal false: transformers' mask functions make the model bidirectional (every token
+    attending to later ones), which causal generation cannot reproduce: refused naming the key by the
+    adapters (one check for every family) and so by generate and compile --generate. Before, it ran
+    causally and gave other tokens than transformers' (exit 0)."""
+    from trtforge.llm.models.families import adapter_for
+
+    model = tiny_model(family)
+    model.config.is_causal = False
+    with pytest.raises(UserError, match=rf"this {model.config.model_type} model .*sets is_causal=False \("):
+        adapter_for(model)
+    if family != "llama":
+        return
+    model.save_pretrained(tmp_path / "hf")
+    for argv in (
+        ["generate", str(tmp_path / "hf"), "--prompt-ids", "1 2 3", "--executor", "torch"],
+        ["compile", str(tmp_path / "hf"), "--generate", "-o", str(tmp_path / "x.engine")],
+    ):
+        assert cli_main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "Traceback" not in err and "is_causal=False (bidirectional attention" in err, err
+    assert not (tmp_path / "x.engine").exists()
