@@ -17,8 +17,8 @@ from trtforge.llm.models.rotary import RotaryDecoder
 class RopeStyle(RotaryDecoder):
     """A RoPE decoder over ``model.model`` (see the module docstring): heads, head dim and each layer's
     softmax scale read from its attention modules, the rotary tables of its ``rotary_emb`` (default,
-    linear, llama3, yarn, ...; dynamic NTK per sequence; longrope refused), a pre-norm block:
-    ``x + o(attn)``, then ``x + mlp(norm(x))``."""
+    linear, llama3, yarn, ...; dynamic NTK per sequence; longrope up to its original length), a pre-norm
+    block: ``x + o(attn)``, then ``x + mlp(norm(x))``."""
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, list(model.model.layers), user)
