@@ -267,8 +267,14 @@ _CONFIG_EDITS = {
 _WEIGHT_EDITS = {
     "weight shape": lambda t: t[:, : t.shape[1] // 2].contiguous(),
     "integer weight": lambda t: (t * 100).to(torch.int32),
+    # (with a quantization_config whose quant_method transformers does not know: _QUANTIZED)
+    "unknown quantization": lambda t: (t * 100).to(torch.int8),
     "nan weight": lambda t: torch.full_like(t, float("nan")),
 }
+
+
+# _broken_dir's quantization_config beside a weight _WEIGHT_EDITS stores as integers
+_QUANTIZED = {"unknown quantization": {"quant_method": "int8_custom", "bits": 8}}
 
 
 def _broken_dir(tmp_path, what: str):
@@ -282,6 +288,8 @@ def _broken_dir(tmp_path, what: str):
         (d / "generation_config.json").write_text('{"eos_token_id": [0, 2')
     elif what == "generation eos":
         (d / "generation_config.json").write_text(json.dumps({"eos_token_id": ["x"]}))
+    elif what == "generation eos outside":
+        (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5000]}))
     elif what == "config":
         (d / "config.json").write_text("{not json")
     elif what == "weights":
@@ -296,6 +304,9 @@ def _broken_dir(tmp_path, what: str):
         name = "model.layers.0.self_attn.q_proj.weight"
         tensors[name] = _WEIGHT_EDITS[what](tensors[name])
         save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+        if what in _QUANTIZED:
+            config = json.loads((d / "config.json").read_text())
+            (d / "config.json").write_text(json.dumps(config | {"quantization_config": _QUANTIZED[what]}))
     elif what == "layers unset" or what in _CONFIG_EDITS:
         config = json.loads((d / "config.json").read_text())
         if what == "layers unset":  # LlamaConfig's default is 32 layers; the file holds 2
@@ -358,6 +369,13 @@ def _broken_dir(tmp_path, what: str):
         ),
         # before: the integers were cast to floats without a word (the engine built and generate ran)
         ("integer weight", r"stores tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' as I32, an integer"),
+        # before: transformers skipped the unknown method with a warning, the integer check trusted the
+        # quantization_config, and the int8 weights ran as floats (exit 0, nonsense tokens)
+        (
+            "unknown quantization",
+            r"config\.json': quantization_config\.quant_method='int8_custom' is no quantization method "
+            r"transformers knows \(.*gptq.*\); it would load",
+        ),
         # before: transformers dropped the stored layer 1 (or every attention bias) with a warning its
         # silenced verbosity kept unprinted, and compiled a model other than the checkpoint's (exit 0)
         (
@@ -415,6 +433,23 @@ def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsy
         err = capsys.readouterr().err
         assert "Traceback" not in err and re.search(message, err), err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_generation_config_stop_id_outside_the_vocabulary_is_reported(tmp_path, capsys):
+    """generation_config.json's eos_token_id outside the vocabulary: generate runs (as transformers' own
+    generate does, never stopping there) and says so, naming the file and the id. Before, the id was
+    dropped from the stop ids without a word (transformers warns only of config.json's)."""
+    d = _broken_dir(tmp_path, "generation eos outside")
+    assert (
+        cli_main(["generate", str(d), "--prompt-ids", "1 2 3", "--executor", "torch", "--max-tokens", "2"])
+        == 0
+    )
+    err = " ".join(capsys.readouterr().err.split())
+    assert re.search(
+        r"warning: '[^']*/generation_config\.json': eos_token_id \[5000\] lie\(s\) outside the vocabulary "
+        r"of vocab_size=300 ids",
+        err,
+    ), err
 
 
 class _RunsCode:
@@ -781,3 +816,153 @@ def test_checkpoints_smaller_than_a_plain_one_pass_the_config_against_weights_ch
     shared = sorted((Path(__file__).resolve().parents[2] / "../shared/models").glob("code-llama-*"))
     for d in dirs + shared:
         _refuse_config_beyond_weights(d, tf.AutoConfig.from_pretrained(str(d), local_files_only=True), {})
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        ("{not json", r"\(JSONDecodeError: "),
+        ("{}", r"\(KeyError: 'weight_map'\)"),
+        ('{"weight_map": [1]}', r"\(AttributeError: "),
+        ('{"weight_map": {"lm_head.weight": 5}}', r"names a shard by a value that is not a string"),
+    ],
+)
+def test_a_damaged_safetensors_index_exits_2_naming_it(index, message, tmp_path, capsys):
+    """model.safetensors.index.json is read (for the .bin files beside it, the config against the weights)
+    before transformers reads it, as pytorch_model.bin.index.json is: a damaged one is refused naming it.
+    Before, its JSONDecodeError, KeyError, AttributeError or TypeError was an internal error (exit 1)."""
+    d = tmp_path / "hf"
+    tiny_model("llama").save_pretrained(d, max_shard_size="20KB")
+    (d / "model.safetensors.index.json").write_text(index)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for argv in (
+        ["generate", str(d), "--prompt-ids", "1 2 3", "--executor", "torch"],
+        ["compile", str(d), "--generate", "-o", str(tmp_path / "x.engine")],
+    ):
+        assert cli_main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())  # (rich wraps the message)
+        assert "Traceback" not in err, err
+        assert re.search(r"model\.safetensors\.index\.json' (is not the index|names a shard)", err), err
+        assert re.search(message, err), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_the_config_against_weights_check_lets_only_a_damaged_file_pass_unread(tmp_path, monkeypatch):
+    """The early header read leaves a weight file safetensors cannot read to transformers' load (which
+    names it); any other error there is a fault of trtforge's and is raised, not taken for a damaged file
+    (the check skipped without a word)."""
+    import safetensors
+    import transformers as tf
+
+    from trtforge.llm.models.loader import _refuse_config_beyond_weights
+
+    d = tmp_path / "hf"
+    tiny_model("llama").save_pretrained(d)
+    config = tf.AutoConfig.from_pretrained(str(d), local_files_only=True)
+    weights = d / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:1000])
+    _refuse_config_beyond_weights(d, config, {})  # (SafetensorError: left to transformers)
+    weights.write_bytes(good)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a fault in the header read")
+
+    monkeypatch.setattr(safetensors, "safe_open", broken)
+    with pytest.raises(RuntimeError, match="a fault in the header read"):
+        _refuse_config_beyond_weights(d, config, {})
+
+
+def _custom_code_dir(tmp_path: Path, what: str) -> tuple[Path, Path]:
+    """A directory whose `what` ("model" or "tokenizer") names its own Python code (auto_map), which would
+    create the returned marker file when run."""
+    d, marker = tmp_path / what, tmp_path / "ran"
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    if what == "model":
+        tiny_model("llama").save_pretrained(d)
+        config = json.loads((d / "config.json").read_text())
+        config |= {
+            "model_type": "customlm",
+            "auto_map": {"AutoConfig": "configuration_customlm.CustomConfig"},
+        }
+        (d / "config.json").write_text(json.dumps(config))
+        (d / "configuration_customlm.py").write_text(
+            code + "from transformers import LlamaConfig as CustomConfig\n"
+        )
+    else:
+        d.mkdir(parents=True)
+        auto_map = {"AutoTokenizer": ["tokenization_custom.CustomTokenizer", None]}
+        (d / "tokenizer_config.json").write_text(
+            json.dumps({"tokenizer_class": "CustomTokenizer", "auto_map": auto_map})
+        )
+        (d / "tokenization_custom.py").write_text(
+            code + "from transformers import PreTrainedTokenizer as CustomTokenizer\n"
+        )
+    return d, marker
+
+
+@pytest.mark.parametrize("what", ["model", "tokenizer"])
+def test_a_checkpoint_with_its_own_code_is_refused_without_running_it(what, tmp_path, monkeypatch, capsys):
+    """A model or tokenizer directory naming its own code (config.json's or tokenizer_config.json's
+    auto_map, for a class transformers does not implement): refused (exit 2) without asking and without
+    running it. Before, transformers asked on stdin whether to run the code ("y" ran it: the marker)."""
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt="": asked.append(prompt) or "y")
+    d, marker = _custom_code_dir(tmp_path, what)
+    if what == "model":
+        argv = ["generate", str(d), "--prompt-ids", "1 2 3", "--executor", "torch"]
+        message = r"config\.json' names its own Python code \(auto_map: .*configuration_customlm.*\) "
+        message += r"for model_type "
+        message += (
+            r"'customlm', which transformers does not implement; trtforge never runs a checkpoint's code"
+        )
+    else:
+        argv = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt", "hi", "--tokenizer", str(d)]
+        message = r"cannot load the tokenizer in '[^']*tokenizer' \(ValueError: .*contains custom code"
+    assert cli_main([*argv, "--max-tokens", "2"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Traceback" not in err and re.search(message, err), err
+    assert not asked and not marker.exists()
+
+
+def test_the_calibration_tokenizer_and_the_tensor_parallel_check_run_no_code_of_the_directory(
+    tmp_path, monkeypatch
+):
+    """The other readers of a user's directory (calibration's tokenizer, tensor parallelism's check of the
+    config before its workers start) run none of its own code either, nor ask whether to."""
+    from trtforge.calibration.sources import resolve_tokenizer
+    from trtforge.llm.executors.tensor_parallel import check_model
+
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt="": asked.append(prompt) or "y")
+    tokenizer, marker = _custom_code_dir(tmp_path / "t", "tokenizer")
+    with pytest.raises(UserError, match=r"cannot load tokenizer '[^']*' \(.*contains custom code"):
+        resolve_tokenizer(tokenizer)
+    model, model_marker = _custom_code_dir(tmp_path / "m", "model")
+    check_model(str(model), 2)  # (an unreadable config: left to the workers' loader, which refuses it)
+    assert not asked and not marker.exists() and not model_marker.exists()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "falcon", "bloom", "mixtral"])
+def test_a_bidirectional_config_is_refused_by_every_consumer(family, tmp_path, capsys):
+    """config.is_causal false: transformers' mask functions make the model bidirectional (every token
+    attending to later ones), which causal generation cannot reproduce: refused naming the key by the
+    adapters (one check for every family) and so by generate and compile --generate. Before, it ran
+    causally and gave other tokens than transformers' (exit 0)."""
+    from trtforge.llm.models.families import adapter_for
+
+    model = tiny_model(family)
+    model.config.is_causal = False
+    with pytest.raises(UserError, match=rf"this {model.config.model_type} model .*sets is_causal=False \("):
+        adapter_for(model)
+    if family != "llama":
+        return
+    model.save_pretrained(tmp_path / "hf")
+    for argv in (
+        ["generate", str(tmp_path / "hf"), "--prompt-ids", "1 2 3", "--executor", "torch"],
+        ["compile", str(tmp_path / "hf"), "--generate", "-o", str(tmp_path / "x.engine")],
+    ):
+        assert cli_main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "Traceback" not in err and "is_causal=False (bidirectional attention" in err, err
+    assert not (tmp_path / "x.engine").exists()

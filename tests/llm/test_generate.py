@@ -109,21 +109,34 @@ def test_qwen3_and_phi3_hostile_shapes_match_hf(family, overrides, tmp_path):
         assert np.abs(got_logits[b] - want_logits.numpy()).max() <= 1e-4
 
 
-def test_length_dependent_rotary_is_refused_naming_the_model(tmp_path):
-    """Phi-3's longrope switches tables with the sequence length: refused by the step graph and the torch
-    executor alike, with the family in the message."""
+def test_longrope_runs_by_its_short_factors_up_to_its_original_length(tmp_path):
+    """Phi-3's longrope (Phi-3.5 / Phi-4-mini): transformers rotates every position by the short factors
+    while the call's longest position is within original_max_position_embeddings, and switches them all to
+    the long factors past it (which keys cached under the short ones cannot follow). The step graph and the
+    torch executor run it as transformers does up to that length (its attention scaling included) and
+    refuse a longer --max-seq / max_model_len naming it. Before, every longrope model was refused."""
     from trtforge.errors import UserError
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
-    rope = {"rope_type": "longrope", "short_factor": [1.0] * 6, "long_factor": [4.0] * 6, "rope_theta": 1e4}
+    short = [1.0, 1.5, 2.0, 3.0, 5.0, 8.0]
+    rope = {"rope_type": "longrope", "short_factor": short, "long_factor": [16.0] * 6, "rope_theta": 1e4}
     model = tiny_model(
         "phi3", rope_parameters=rope | {"partial_rotary_factor": 0.75}, original_max_position_embeddings=64
     )
-    assert model.model.rotary_emb.rope_type == "longrope"
-    with pytest.raises(UserError, match="phi3 model Phi3ForCausalLM: rotary scaling 'longrope'"):
-        export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
-    with pytest.raises(UserError, match="the torch executor cannot run this phi3 model .*'longrope'"):
-        TorchExecutor(model, num_blocks=8, block_size=4)
+    assert model.model.rotary_emb.rope_type == "longrope" and model.model.rotary_emb.attention_scaling > 1
+    batch = prompts(model.config.vocab_size, lens=(5, 23))
+    want = [hf_greedy(model, p, 8)[0] for p in batch]
+    result = export_step(model, max_seq=32, max_batch=2, max_prefill=24, exporter="legacy", workdir=tmp_path)
+    onnx.save(result.model, str(tmp_path / "step.onnx"))
+    got = trtforge.llm.api.load(tmp_path / "step.onnx").generate(batch, max_new_tokens=8, stop_at_eos=False)
+    assert got == want
+    with trtforge.llm.from_pretrained(model, num_blocks=32, block_size=4) as served:
+        assert served.generate(batch, max_new_tokens=8, stop_at_eos=False) == want
+    limit = r"exceeds the model's 64 positions, .*\(original_max_position_embeddings of its longrope"
+    with pytest.raises(UserError, match=limit):
+        export_step(model, max_seq=65, exporter="legacy", workdir=tmp_path)
+    with pytest.raises(UserError, match=r"max_model_len 65 exceeds the 64 positions .*longrope rotary"):
+        TorchExecutor(model, num_blocks=8, block_size=4, max_model_len=65)
 
 
 def test_generate_stops_row_at_eos(tmp_path):

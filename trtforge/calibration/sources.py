@@ -526,7 +526,8 @@ def resolve_tokenizer(tokenizer: Any) -> Any:
 
     local = Path(name).exists()
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+        # (never a tokenizer's own code: transformers would ask on stdin whether to run it)
+        return AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
         if local:
             raise UserError(
@@ -536,7 +537,7 @@ def resolve_tokenizer(tokenizer: Any) -> Any:
         # a Hub name not in the local cache: ask the Hub, failing at once where it cannot be reached
     _check_hub_reachable(tokenizer, name)
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise UserError(
             f"cannot load tokenizer '{tokenizer}' ({str(e)[:200]}); pass a local tokenizer path."

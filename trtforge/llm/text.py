@@ -39,7 +39,8 @@ def load_tokenizer(name: str | os.PathLike[str]) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        # (never the directory's own tokenizer code: transformers would ask on stdin whether to run it)
+        return AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
     except Exception as e:  # the user's tokenizer files: corrupt json, unknown class, missing vocab
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         raise UserError(

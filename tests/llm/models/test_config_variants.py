@@ -88,7 +88,7 @@ OPTIONS: dict[str, dict[str, list]] = {
     },
     "qwen2": LLAMA_LIKE | {"hidden_act": ACTS, "use_sliding_window": [False]},
     "qwen3": LLAMA_LIKE | {"attention_bias": [False, True], "head_dim": [8, 16, 24]},
-    "phi3": {  # (its config takes no rope scaling but longrope, which is refused)
+    "phi3": {  # (its config takes no rope scaling but longrope: test_generate.py)
         "num_key_value_heads": [1, 2, 4],
         "partial_rotary_factor": [0.5, 0.75, 1.0],
         "tie_word_embeddings": [False, True],

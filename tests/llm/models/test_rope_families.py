@@ -114,6 +114,19 @@ def test_gemma_3_text_is_served_with_an_attention_cap_as_transformers_runs_it():
         TorchExecutor(tiny_model("gemma3_text", use_bidirectional_attention=True), num_blocks=4)
 
 
+def test_persimmon_is_multi_head_whatever_num_key_value_heads_its_config_holds():
+    """transformers' Persimmon ignores a num_key_value_heads key in its config (its fused projection holds
+    as many KV heads as query heads): so does the adapter, and the executor reproduces transformers'
+    logits. Before, the adapter read the key: a KV cache of 1 head and the step failed on a shape
+    mismatch (an internal error)."""
+    model = tiny_model("persimmon", num_key_value_heads=1)
+    assert adapter_for(model).num_kv_heads == model.config.num_attention_heads
+    ids = torch.tensor(tiny_prompts(model.config.vocab_size, lens=(9,))[0])
+    ex = TorchExecutor(model, num_blocks=8, block_size=4)
+    batch = StepBatch.build(["s"], [ids.tolist()], [0], [[0, 1, 2]], [list(range(9))], [True])
+    torch.testing.assert_close(ex.step(batch)[0], _logits(model, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
 def test_the_fused_layers_refuse_an_attention_soft_cap():
     """The fused Llama-style layers are Llama's exactly: an adapter with a soft-cap (none of the
     Llama-style families has one) is refused, never run without it."""

@@ -114,7 +114,8 @@ def test_specs_report_the_rotary(family, dim, interleaved):
 def test_config_values_transformers_cannot_run_are_refused_by_name():
     """Cohere's logit_scale null (transformers multiplies the logits by it), a Helium head_dim its hidden x
     hidden output projection cannot take, a Persimmon, Phi or StableLM rotary span of an odd number of
-    channels: UserError, and transformers' own forward fails too."""
+    channels or one its rotary table (sized by a head_dim key the attention ignores) does not cover:
+    UserError, and transformers' own forward fails too."""
     ids = torch.tensor([[1, 2, 3]])
     cohere = tiny_model("cohere")
     cohere.config.logit_scale = None
@@ -131,7 +132,13 @@ def test_config_values_transformers_cannot_run_are_refused_by_name():
     for family, model in odd.items():
         with pytest.raises(UserError, match=f"{family} model .* rotates 5 of each head's 16 channels"):
             adapter_for(model)
-    for model in (cohere, helium, persimmon, *odd.values()):
+    # (a head_dim key StableLM's attention ignores sizes its rotary table: 2 channels for its span of 4)
+    sized = tiny_model("stablelm", partial_rotary_factor=0.25, head_dim=8)
+    message = r"rotates 4 of each head's 16 channels, but its rotary table covers 2 \(sized by the config's "
+    message += "head_dim 8, which the attention does not use"
+    with pytest.raises(UserError, match=message):
+        adapter_for(sized)
+    for model in (cohere, helium, persimmon, sized, *odd.values()):
         with pytest.raises((TypeError, RuntimeError)), torch.no_grad():
             model(ids)
 

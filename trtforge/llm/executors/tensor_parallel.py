@@ -73,7 +73,9 @@ def check_model(model: Any, world: int) -> None:
         import transformers
 
         try:
-            config = transformers.AutoConfig.from_pretrained(str(model), local_files_only=True)
+            config = transformers.AutoConfig.from_pretrained(
+                str(model), local_files_only=True, trust_remote_code=False
+            )
         except Exception:  # the workers' loader reports an unreadable directory
             return
     heads = getattr(config, "num_attention_heads", None)

@@ -640,6 +640,20 @@ _SIZES = (
 _EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "norm_epsilon")
 
 
+def refuse_bidirectional(model: Any, user: str) -> None:
+    """UserError where `model`'s config asks for bidirectional attention (``is_causal`` false, null or
+    0): transformers' mask functions then let every token attend to later ones (an encoder-style
+    decoder, e.g. one turned into an embedding model), which causal generation and the KV cache cannot
+    reproduce. Before, it ran causally: tokens other than transformers' without a word."""
+    c = model.config
+    if not getattr(c, "is_causal", True):
+        raise UserError(
+            f"{user} cannot run this {c.model_type} model {type(model).__name__}: its config sets "
+            f"is_causal={c.is_causal!r} (bidirectional attention: every token attending to later ones), "
+            "which causal generation cannot reproduce. Supported: causal models (is_causal unset or true)."
+        )
+
+
 def check_config_sizes(config: Any) -> None:
     """UserError naming the config.json key (as the family spells it: GPT-2's ``n_layer``) of a size below
     1 (no layers: transformers builds an empty model, which has no attention to read; an MLP of
@@ -923,6 +937,7 @@ class DecoderAdapter(ABC):
 
     def __init__(self, model: nn.Module, layers: list[nn.Module], user: str) -> None:
         check_config_sizes(model.config)  # (before a subclass reads layers[0])
+        refuse_bidirectional(model, user)
         self.model, self.config, self.layers, self.user = model, model.config, layers, user
         self.windows: list[int | None] = sliding_windows(self.config, len(layers))
         #: each layer's attention chunk size (:func:`attention_chunks`; None: not chunked): every attention

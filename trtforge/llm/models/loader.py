@@ -11,13 +11,14 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import os_error
 from trtforge._usercode import load_factory
-from trtforge.errors import UserError
+from trtforge.errors import TrtforgeWarning, UserError
 from trtforge.llm.models.base import UNSUPPORTED_HINTS, _stored_key, check_config_sizes, token_ids
 from trtforge.llm.models.families import SUPPORTED
 
@@ -65,10 +66,13 @@ def load_causal_lm(source: Any) -> Any:
             )
         import transformers
 
-        try:
-            config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        try:  # (never the directory's own code: transformers would ask on stdin whether to run it)
+            config = transformers.AutoConfig.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=False
+            )
         except Exception as e:  # the directory's config.json is the user's (huggingface_hub's strict
             # validation errors, a ZeroDivisionError from 0 heads in transformers' own checks, ...)
+            _refuse_custom_code(path, e)
             raise UserError(
                 f"'{path}/config.json' is not a Hugging Face config transformers can read ({_first_line(e)})."
             ) from e
@@ -79,6 +83,7 @@ def load_causal_lm(source: Any) -> Any:
                 + (f" {hint}" if hint else "")
             )
         check_config_sizes(config)  # (else a negative size reads as a weight file's fault)
+        _refuse_unknown_quantization(path, config)
         _check_generation_config(path)
         pickled = check_pickled_weights(path)  # (before transformers unpickles them)
         # (before transformers builds the model, maybe for minutes)
@@ -91,6 +96,7 @@ def load_causal_lm(source: Any) -> Any:
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
                 str(path),
                 local_files_only=True,
+                trust_remote_code=False,  # (a supported model_type's auto_map: transformers' own class)
                 dtype=torch.float32,
                 output_loading_info=True,
                 ignore_mismatched_sizes=True,
@@ -115,10 +121,7 @@ def load_causal_lm(source: Any) -> Any:
         _refuse_unused_layer_weights(path, config, model, info.get("unexpected_keys") or [])
         _refuse_integer_weights(path, config, model, pickled)
         # (transformers validates none of generation_config.json's ids; checked here, where the file is known)
-        generation = getattr(model, "generation_config", None)
-        token_ids(
-            getattr(generation, "eos_token_id", None), 0, f"'{path}/generation_config.json': eos_token_id"
-        )
+        _report_stop_ids_outside_vocabulary(path, config, getattr(model, "generation_config", None))
         refuse_nan_weights(model, f"'{path}'")
         return model.eval()
     if path.suffix.lower() in (".onnx", ".pt2", ".engine") or path.exists():
@@ -130,6 +133,24 @@ def load_causal_lm(source: Any) -> Any:
     model, _ = load_factory(str(source))
     refuse_nan_weights(model, f"the model of '{source}'")
     return model
+
+
+def _refuse_custom_code(path: Path, error: Exception) -> None:
+    """UserError naming config.json's auto_map where transformers could not read the config without the
+    directory's own Python code (a model_type it does not implement): trtforge never runs a checkpoint's
+    code. Before, transformers asked on stdin whether to run it (from a terminal, "y" ran it)."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):  # (the config's own fault: the caller's message names it)
+        return
+    auto_map = raw.get("auto_map") if isinstance(raw, dict) else None
+    if auto_map:
+        raise UserError(
+            f"'{path}/config.json' names its own Python code (auto_map: {json.dumps(auto_map)[:200]}) for "
+            f"model_type {raw.get('model_type')!r}, which transformers does not implement; trtforge never "
+            f"runs a checkpoint's code (transformers' trust_remote_code). Supported causal LMs: "
+            f"{', '.join(SUPPORTED)}."
+        ) from error
 
 
 def _refuse_mismatched(path: Path, mismatched: Any) -> None:
@@ -182,11 +203,11 @@ def _refuse_config_beyond_weights(path: Path, config: Any, pickled: dict[Path, d
     The bound is loose on purpose: one bit a parameter (any quantized checkpoint holds more), an embedding
     counted once (tied), h*h/2 a layer (the query and output projections hold more). Safetensors files whose
     headers cannot be read are left to transformers."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     shapes = {name: list(t.shape) for tensors in pickled.values() for name, t in tensors.items()}
-    try:  # (an index transformers has not read yet may be broken too)
-        files = list(pickled) or _safetensors_files(path)
+    files = list(pickled) or _safetensors_files(path)  # (a damaged index: its UserError)
+    try:
         if not files or not all(f.is_file() for f in files):
             return
         for file in (f for f in files if f not in pickled):
@@ -194,7 +215,10 @@ def _refuse_config_beyond_weights(path: Path, config: Any, pickled: dict[Path, d
                 names = f.keys()  # (a safe_open handle is not iterable)
                 shapes.update({name: list(f.get_slice(name).get_shape()) for name in names})
         stored_bytes = sum(f.stat().st_size for f in files)
-    except Exception:  # (a damaged file or index: transformers' load below reports it by name)
+    except (
+        SafetensorError,
+        OSError,
+    ):  # (a damaged or unreadable file: transformers' load reports it by name)
         return
     raw = json.loads((path / "config.json").read_text())
 
@@ -233,6 +257,27 @@ def _refuse_config_beyond_weights(path: Path, config: Any, pickled: dict[Path, d
         )
 
 
+def _refuse_unknown_quantization(path: Path, config: Any) -> None:
+    """UserError naming config.json's quantization_config.quant_method where transformers knows no such
+    method: it skips the quantization with a warning and loads the packed integers as float weights (and
+    :func:`_refuse_integer_weights` trusts a quantization_config), so the model ran as garbage (exit 0)."""
+    from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
+
+    quant = getattr(config, "quantization_config", None)
+    if not isinstance(quant, dict):  # (None, or a config object transformers made: a method it knows)
+        return
+    method = quant.get("quant_method")
+    if quant.get("load_in_8bit") or quant.get("load_in_4bit") or method is None:
+        return  # (bitsandbytes, or transformers' own error for a config without a method)
+    if not isinstance(method, str) or method not in AUTO_QUANTIZATION_CONFIG_MAPPING:
+        raise UserError(
+            f"'{path}/config.json': quantization_config.quant_method={method!r} is no quantization method "
+            f"transformers knows ({', '.join(sorted(AUTO_QUANTIZATION_CONFIG_MAPPING))}); it would load "
+            "the quantized weights as float weights and run them as nonsense. Expected an unquantized "
+            "checkpoint (BF16, F16 or F32 weights), or one quantized by a method transformers loads."
+        )
+
+
 #: safetensors dtype names of integer and boolean tensors: no float parameter is stored so
 _NOT_FLOAT = frozenset({"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
 
@@ -266,15 +311,18 @@ def _refuse_integer_weights(path: Path, config: Any, model: Any, pickled: dict[P
 
 
 def _safetensors_files(path: Path) -> list[Path]:
-    """The safetensors files transformers loaded from `path`: the shards its index names, or the one file."""
-    import json
-
+    """The safetensors files transformers loads from `path`: the shards its index names, or the one file."""
     index = path / "model.safetensors.index.json"
-    if index.is_file():  # (transformers has read it: it is valid)
-        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if index.is_file():
+        return _index_shards(index, "safetensors")
     single = path / "model.safetensors"
     return [single] if single.is_file() else []
 
+
+#: what reading a damaged weight index raises (:func:`_index_shards`): not JSON or not UTF-8 (ValueError), no
+#: weight_map (KeyError), a weight_map that is no object (AttributeError), unhashable shard names (TypeError),
+#: a file it may not read (OSError)
+_DAMAGED_INDEX: tuple[type[Exception], ...] = (OSError, ValueError, KeyError, AttributeError, TypeError)
 
 #: torch's weights-only unpickler is unsafe before 2.6 (CVE-2025-32434); transformers refuses .bin files there
 _SAFE_TORCH_LOAD = (2, 6)
@@ -287,20 +335,27 @@ def _bin_files(path: Path) -> list[Path]:
         return []
     index = path / "pytorch_model.bin.index.json"
     if index.is_file():
-        expected = (
-            "expected a JSON object whose weight_map maps each tensor name to its .bin shard's file name"
-        )
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise UserError(
-                f"'{index}' is not the index save_pretrained writes ({_first_line(e)}); {expected}."
-            ) from e
-        if not all(isinstance(name, str) for name in shards):
-            raise UserError(f"'{index}' names a shard by a value that is not a string; {expected}.")
-        return [path / name for name in sorted(shards)]
+        return _index_shards(index, ".bin")
     single = path / "pytorch_model.bin"
     return [single] if single.exists() else []
+
+
+def _index_shards(index: Path, kind: str) -> list[Path]:
+    """The `kind` shard files (safetensors or .bin) the weight index `index` names; UserError naming the
+    index where it is not the JSON object save_pretrained writes. Read before transformers reads it (the
+    checks before its load), so a damaged index was an internal error (a KeyError, a JSONDecodeError)."""
+    expected = (
+        f"expected a JSON object whose weight_map maps each tensor name to its {kind} shard's file name"
+    )
+    try:
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+    except _DAMAGED_INDEX as e:
+        raise UserError(
+            f"'{index}' is not the index save_pretrained writes ({_first_line(e)}); {expected}."
+        ) from e
+    if not all(isinstance(name, str) for name in shards):
+        raise UserError(f"'{index}' names a shard by a value that is not a string; {expected}.")
+    return [index.parent / name for name in sorted(shards)]
 
 
 def check_pickled_weights(path: Path) -> dict[Path, dict[str, Any]]:
@@ -416,6 +471,31 @@ def _check_generation_config(path: Path) -> None:
             f"'{file}' is not a generation config transformers can read ({_first_line(e)}); expected the "
             "JSON object save_pretrained writes (its stop ids, eos_token_id, end generation), or no file."
         ) from e
+
+
+def _report_stop_ids_outside_vocabulary(path: Path, config: Any, generation: Any) -> None:
+    """UserError naming generation_config.json's eos_token_id where it is not a token id (transformers
+    validates none of that file's ids), and a warning naming the ids that lie outside the vocabulary:
+    they can never be generated, so generation does not stop at them (nor does transformers' generate:
+    the tokens stay its), where before they were dropped without a word. (transformers warns of
+    config.json's own out-of-vocabulary ids; a stop id is no reason to refuse a model transformers runs.)"""
+    value = getattr(generation, "eos_token_id", None)
+    vocab = getattr(config, "vocab_size", None)
+    if not (path / "generation_config.json").is_file() or not isinstance(vocab, int):
+        return
+    file = f"'{path}/generation_config.json'"
+    kept = token_ids(value, vocab, f"{file}: eos_token_id")
+    outside = [
+        i for i in (value if isinstance(value, (list, tuple)) else [value]) if i is not None and i not in kept
+    ]
+    if outside:
+        warnings.warn(
+            f"{file}: eos_token_id {outside} lie(s) outside the vocabulary of vocab_size={vocab} ids "
+            f"(config.json); no token can stop generation there (nor in transformers' generate). "
+            f"Expected ids below {vocab}.",
+            TrtforgeWarning,
+            stacklevel=2,
+        )
 
 
 def _refuse_pad_outside_vocabulary(path: Path, config: Any, error: Exception) -> None:

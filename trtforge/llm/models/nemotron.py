@@ -12,7 +12,7 @@ each query and key head (``qk_layernorm``, one shared over the heads, before the
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from trtforge.llm.models.rope import RopeStyle
 
@@ -27,6 +27,12 @@ class PersimmonStyle(RopeStyle):
     """Persimmon (``PersimmonForCausalLM``): fused per-head QKV, q/k LayerNorms, the pre-norm block."""
 
     family = "persimmon"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        # (multi-head by construction: transformers' Persimmon ignores a config's num_key_value_heads,
+        # which RopeStyle would read, and splits its fused projection into as many KV heads as query heads)
+        self.num_kv_heads = self.num_heads
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The fused projection viewed as ``[..., heads, 3, D]`` and cut along the 3, as HF does; then the

@@ -17,8 +17,8 @@ from trtforge.llm.models.rotary import RotaryDecoder
 class RopeStyle(RotaryDecoder):
     """A RoPE decoder over ``model.model`` (see the module docstring): heads, head dim and each layer's
     softmax scale read from its attention modules, the rotary tables of its ``rotary_emb`` (default,
-    linear, llama3, yarn, ...; dynamic NTK per sequence; longrope refused), a pre-norm block:
-    ``x + o(attn)``, then ``x + mlp(norm(x))``."""
+    linear, llama3, yarn, ...; dynamic NTK per sequence; longrope up to its original length), a pre-norm
+    block: ``x + o(attn)``, then ``x + mlp(norm(x))``."""
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, list(model.model.layers), user)
@@ -31,15 +31,24 @@ class RopeStyle(RotaryDecoder):
         self._use_rotary(self.body.rotary_emb)
         self._count_rank_heads()
         # Phi, StableLM, Persimmon slice q and k at the attention's rotary_ndims and rotate that slice by
-        # tables of an even width: an odd span has no table (transformers' own forward fails on it)
+        # tables of an even width from the rotary module: an odd span has no table, and a head_dim key the
+        # attention does not read (StableLM's head size is hidden / heads) sizes the table apart from it;
+        # transformers' own forward fails on either
         rotated = getattr(attn, "rotary_ndims", None)
-        if rotated is not None and int(rotated) != int(self.rope.describe()["dim"]):
+        table = None if rotated is None else int(self.rope.describe()["dim"])
+        if rotated is not None and int(rotated) != table:
+            why = (
+                "an odd number no table of cos/sin pairs covers"
+                if int(rotated) % 2
+                else f"but its rotary table covers {table} (sized by the config's head_dim "
+                f"{getattr(c, 'head_dim', None)!r}, which the attention does not use)"
+            )
             raise UserError(
                 f"{user} cannot run this {c.model_type} model {type(model).__name__}: its "
-                f"partial_rotary_factor rotates {int(rotated)} of each head's {self.head_dim} channels, an "
-                f"odd number its rotary table ({self.rope.describe()['dim']} channels) cannot cover; "
-                "transformers' own forward fails on it too. Choose a partial_rotary_factor that rotates an "
-                "even number of channels."
+                f"partial_rotary_factor rotates {int(rotated)} of each head's {self.head_dim} channels, "
+                f"{why}; transformers' own forward fails on it too. Choose a partial_rotary_factor that "
+                "rotates an even number of channels, and a head_dim of hidden_size / num_attention_heads "
+                "or none."
             )
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:

@@ -20,14 +20,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trtforge.errors import UserError
 from trtforge.llm.models.base import DecoderAdapter, DecoderSpec, apply_rotary, apply_rotary_interleaved
 
 
 class RotaryTables:
     """cos/sin of a model's rotary module `rotary_emb`: fixed tables (default, linear, llama3, yarn, ...)
     or dynamic NTK (each sequence's frequencies from its own length, as transformers computes them for
-    it run alone); 'longrope' is refused (UserError naming `user`). With `layer_type`, the tables of that
+    it run alone); 'longrope' by its short factors, up to its original length (:attr:`reach`: past it
+    transformers switches every position of the call to the long factors, which keys cached under the
+    short ones cannot follow, so the executors and the step export refuse longer sequences by that
+    limit). With `layer_type`, the tables of that
     layer type in a module that keeps one set per type (Gemma 3's and OLMo 3's ``{type}_inv_freq`` buffers,
     their ``rope_type`` and ``config.rope_parameters`` keyed by type). `interleaved`: each frequency
     repeated twice in place (``c0, c0, c1, c1, ...``: the rotary of GLM, Cohere, Helium and ERNIE 4.5,
@@ -50,14 +52,7 @@ class RotaryTables:
         self._prefix = "" if layer_type is None else f"{layer_type}_"
         rope_type = getattr(rotary_emb, "rope_type", "default")
         self.rope_type = str(rope_type if layer_type is None else rope_type[layer_type])
-        if self.rope_type == "longrope":
-            raise UserError(
-                f"{user} cannot run this {self.config.model_type} model {type(model).__name__}: rotary "
-                "scaling 'longrope' switches frequency tables with the longest position of the call, so "
-                "neither a step graph's one table nor a batched step can match transformers. Supported "
-                "rotary types: default, linear, llama3, yarn and other fixed tables (and 'dynamic' on the "
-                "torch executor)."
-            )
+        self.longrope = self.rope_type == "longrope"
         self.dynamic = self.rope_type == "dynamic"
         self._init: Any = None
         if self.dynamic:
@@ -71,7 +66,15 @@ class RotaryTables:
         return params if self.layer_type is None else dict(params.get(self.layer_type) or {})
 
     def _inv_freq(self) -> Tensor:
-        return getattr(self.module, f"{self._prefix}inv_freq")
+        # (longrope: the short factors' table, which the module's inv_freq holds only until a call of its
+        # has passed the original length)
+        name = "original_inv_freq" if self.longrope else "inv_freq"
+        return getattr(self.module, f"{self._prefix}{name}")
+
+    def _longrope_original(self) -> int:
+        """The length up to which transformers rotates a longrope model by its short factors."""
+        original = self._params().get("original_max_position_embeddings")
+        return int(original if original is not None else self.config.original_max_position_embeddings)
 
     def _scaling(self) -> float:
         return float(getattr(self.module, f"{self._prefix}attention_scaling", 1.0))
@@ -91,8 +94,11 @@ class RotaryTables:
 
     @property
     def max_length(self) -> int:
-        """The trained length (max_position_embeddings), times the factor of a dynamic rotary."""
+        """The trained length (max_position_embeddings), times the factor of a dynamic rotary; at most
+        a longrope's original length (:attr:`reach`)."""
         trained = int(self.config.max_position_embeddings)
+        if self.longrope:
+            return min(trained, self._longrope_original())
         if not self.dynamic:
             return trained
         return int(trained * max(float(self._params().get("factor", 1.0)), 1.0))
@@ -106,6 +112,13 @@ class RotaryTables:
         sequence's length, made to run past the trained one), or a config without
         max_position_embeddings."""
         trained = getattr(self.config, "max_position_embeddings", None)
+        if self.longrope:
+            return (
+                self._longrope_original(),
+                "original_max_position_embeddings of its longrope rotary scaling: past it transformers "
+                "switches every position to the long factors, which keys cached under the short ones cannot "
+                "follow",
+            )
         if self.dynamic or not isinstance(trained, int) or isinstance(trained, bool) or trained < 1:
             return None
         params = self._params()
@@ -222,7 +235,7 @@ class RotaryDecoder(DecoderAdapter):
     query_scaling: QueryScaling | None = None
 
     def _use_rotary(self, rotary_emb: nn.Module) -> None:
-        """Take the tables of `rotary_emb` (UserError for a type no step can match, e.g. longrope)."""
+        """Take the tables of `rotary_emb` (:class:`RotaryTables`)."""
         self.rope = RotaryTables(self.model, rotary_emb, self.user, interleaved=self.interleaved)
         self.dynamic = self.rope.dynamic
 
@@ -325,7 +338,7 @@ class PerTypeRotary(RotaryDecoder):
 
     def _use_rotary(self, rotary_emb: nn.Module) -> None:
         """One :class:`RotaryTables` per layer type of the model, from the module's tables of that type
-        (each UserError for a type no step can match, e.g. longrope); a type whose ``rope_parameters``
+        (:class:`RotaryTables`); a type whose ``rope_parameters``
         entry is null has none (NoPE: Beam's full-attention layers)."""
         params = getattr(self.config, "rope_parameters", None)
         nope = {t for t, p in params.items() if p is None} if isinstance(params, dict) else set()
