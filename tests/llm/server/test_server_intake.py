@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.llm.server.harness import chat_server
+from tests.llm.server.harness import chat_server, wait_for
 from tests.llm.server.test_server_hostile import NAME, _error, _post
 
 BODY = json.dumps({"model": NAME, "prompt": "def f(", "max_tokens": 2}).encode()
@@ -79,13 +79,6 @@ def _intake(server) -> tuple[float, float]:
     return m["trtforge_http_requests_intake"], m["trtforge_http_requests_intake_waiting"]
 
 
-def _wait_for(cond, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
-
-
 def _others_answer(server) -> None:
     """/health, /metrics and /v1/models take no intake slot: they answer at once while all are held."""
     import httpx
@@ -106,7 +99,7 @@ def test_a_request_past_the_bound_waits_unread_until_a_slot_frees(server, open_r
     b.sendall(BODY[:half])
     c = open_request()
     assert not _continued(c, 1.0), "a third body was read while two held the slots"
-    _wait_for(lambda: _intake(server) == (2, 1))
+    wait_for(lambda: _intake(server) == (2, 1))
     _others_answer(server)
     assert _intake(server) == (2, 1) and not _continued(c, 0.2)
     a.sendall(BODY[half:])
@@ -115,7 +108,7 @@ def test_a_request_past_the_bound_waits_unread_until_a_slot_frees(server, open_r
     c.sendall(BODY)
     b.sendall(BODY[half:])
     assert _response(c)[0] == 200 and _response(b)[0] == 200
-    _wait_for(lambda: _intake(server) == (0, 0))
+    wait_for(lambda: _intake(server) == (0, 0))
     server.wait_blocks_free()
 
 
@@ -138,15 +131,15 @@ def test_slots_come_back_after_refusals_disconnects_and_successes(server, open_r
     for s in held:
         assert _continued(s, 10)
     gone = open_request()  # leaves while waiting for a slot: it is refused (499) once it has one
-    _wait_for(lambda: _intake(server) == (2, 1))
+    wait_for(lambda: _intake(server) == (2, 1))
     gone.close()
     for s in held:
         s.sendall(BODY)
         assert _response(s)[0] == 200
-    _wait_for(lambda: server.metrics().get(key, 0) >= before + 4)
+    wait_for(lambda: server.metrics().get(key, 0) >= before + 4)
     for _ in range(3):
         assert _post(server, BODY).status_code == 200
-    _wait_for(lambda: _intake(server) == (0, 0))
+    wait_for(lambda: _intake(server) == (0, 0))
     both = [open_request(), open_request()]
     assert all(_continued(s, 10) for s in both), "a slot was not given back"
     for s in both:
@@ -205,7 +198,7 @@ def test_requests_in_intake_when_the_drain_begins_get_a_503_in_openais_schema(tm
                     assert _continued(s, 10)
                     s.sendall(BODY[:10])  # the rest never comes
             reading, waiting = opened
-            _wait_for(lambda: _intake(server) == (1, 1))
+            wait_for(lambda: _intake(server) == (1, 1))
             server.terminate()
             for s in (waiting, reading):
                 status, body = _response(s)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.llm.server.harness import Server, need_model
+from tests.llm.server.harness import Server, need_model, wait_for
 
 NAME = "tiny"
 LONG = {"model": NAME, "prompt": [5, 6, 7], "max_tokens": 500, "ignore_eos": True, "temperature": 0}
@@ -56,19 +56,12 @@ def test_a_stream_is_counted_in_metrics_by_how_it_ended(server):
     with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=30) as s:
         lines = [line for line in s.iter_lines() if line]
     assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == "timeout"
-    _wait_for(lambda: counts() == (ok0, late0 + 1))
+    wait_for(lambda: counts() == (ok0, late0 + 1))
     short = {**LONG, "max_tokens": 3, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=short, timeout=30) as s:
         assert [line for line in s.iter_lines() if line][-1] == "data: [DONE]"
-    _wait_for(lambda: counts() == (ok0 + 1, late0 + 1))
+    wait_for(lambda: counts() == (ok0 + 1, late0 + 1))
     server.wait_blocks_free()
-
-
-def _wait_for(cond, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +96,12 @@ def test_a_stream_whose_client_reads_nothing_is_cancelled_at_the_timeout(slow):
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         start = time.monotonic()
-        _wait_for(lambda: slow.metrics()["trtforge_num_requests_running"] == 16)
+        wait_for(lambda: slow.metrics()["trtforge_num_requests_running"] == 16)
         m = slow.wait_blocks_free(timeout=20 + 10)  # its sequences leave the engine at the timeout
         assert time.monotonic() - start < 20 + 10
         assert m["trtforge_generation_tokens_total"] < 16 * 4000 / 2
         assert m["trtforge_http_requests_in_flight"] == 0
-        _wait_for(lambda: slow.metrics().get(key, 0) == before + 1)  # once its connection is closed
+        wait_for(lambda: slow.metrics().get(key, 0) == before + 1)  # once its connection is closed
         log = slow.log()
         assert "read nothing for 5 s past --request-timeout 20 s" in log, log
         assert "ASGI callable" not in log, log
@@ -146,13 +139,13 @@ def test_a_stream_whose_client_never_reads_is_cut_at_the_send_timeout(stalling):
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
-        _wait_for(lambda: stalling.metrics()["trtforge_num_requests_running"] == 16)
+        wait_for(lambda: stalling.metrics()["trtforge_num_requests_running"] == 16)
         # (a hang guard only: how soon the buffers fill depends on the machine's load; that the stream was
         # cut, not run out, is what the count of tokens generated says)
         m = stalling.wait_blocks_free(timeout=600)
         assert m["trtforge_generation_tokens_total"] < 16 * 4000 / 2
-        _wait_for(lambda: stalling.metrics()["trtforge_http_requests_in_flight"] == 0)
-        _wait_for(lambda: stalling.metrics().get(key, 0) == before + 1)
+        wait_for(lambda: stalling.metrics()["trtforge_http_requests_in_flight"] == 0)
+        wait_for(lambda: stalling.metrics().get(key, 0) == before + 1)
         s.settimeout(10)
         read = 0
         with contextlib.suppress(ConnectionResetError):  # (the server's reset may come before any EOF)
