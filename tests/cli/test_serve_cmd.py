@@ -55,6 +55,8 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         # before: NaN passed the > 0 range: every request timed out at once (or a drain never ended)
         (["serve", "/no/such", "--request-timeout", "nan"], "--request-timeout nan: expected a number"),
         (["serve", "/no/such", "--body-timeout", "nan"], "--body-timeout nan: expected a number"),
+        (["serve", "/no/such", "--head-timeout", "nan"], "--head-timeout nan: expected a number"),
+        (["serve", "/no/such", "--head-timeout", "0"], "--head-timeout"),
         (["serve", "/no/such", "--send-timeout", "nan"], "--send-timeout nan: expected a number"),
         (["serve", "/no/such", "--send-timeout", "0"], "--send-timeout"),
         (["serve", "/no/such", "--shutdown-grace", "nan"], "--shutdown-grace nan: expected a number"),

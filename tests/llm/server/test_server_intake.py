@@ -18,11 +18,13 @@ from tests.llm.server.harness import chat_server, wait_for
 from tests.llm.server.test_server_hostile import NAME, _error, _post
 
 BODY = json.dumps({"model": NAME, "prompt": "def f(", "max_tokens": 2}).encode()
+HEAD_TIMEOUT = 2  # the module's server's --head-timeout
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     args = ["--num-blocks", "256", "--max-num-seqs", "4", "--max-waiting", "4", "--max-intake", "2"]
+    args += ["--head-timeout", str(HEAD_TIMEOUT)]
     with chat_server(tmp_path_factory.mktemp("intake"), args) as s:
         yield s
 
@@ -209,3 +211,43 @@ def test_requests_in_intake_when_the_drain_begins_get_a_503_in_openais_schema(tm
         finally:
             for s in opened:
                 s.close()
+
+
+def test_a_connection_whose_head_does_not_arrive_in_time_is_closed(server):
+    """A connection that sends nothing, one that sends part of a head and stops, one that trickles header
+    lines for longer than --head-timeout, and one whose second request (after a response, on the same
+    connection) never finishes its head: each is closed at --head-timeout, with a 408 in OpenAI's schema
+    where part of a head came. Before: uvicorn has no such bound, and each held its socket for ever (a
+    slowloris: enough of them leave the server no file descriptor to accept real clients with). The
+    waits are for the server's close; their timeout is a hang guard only."""
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+    def connect() -> socket.socket:
+        return socket.create_connection(("127.0.0.1", server.port), timeout=30)
+
+    idle, partial, trickling = connect(), connect(), connect()
+    partial.sendall(head)
+    trickling.sendall(head)
+    for _ in range(3 * HEAD_TIMEOUT * 4):  # a line every 0.25 s for 3x the timeout, never the blank line
+        try:
+            trickling.sendall(b"X-Slow: 1\r\n")
+        except OSError:  # (closed already)
+            break
+        time.sleep(0.25)
+    second = connect()  # (one opened with the others would be closed by now: it sent nothing)
+    second.sendall(head + b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+    reply = b""
+    while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+        chunk = second.recv(65536)
+        assert chunk, reply
+        reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200 "), reply
+    second.sendall(head)  # the second request's head, never finished
+    assert idle.recv(100) == b""  # closed, nothing said: no request had begun
+    for s in (partial, trickling, second):
+        status, body = _response(s)
+        assert status == 408, body
+        assert f"--head-timeout {HEAD_TIMEOUT} s" in json.loads(body)["error"]["message"], body
+    for s in (idle, partial, trickling, second):
+        s.close()
+    assert _post(server, BODY).status_code == 200
