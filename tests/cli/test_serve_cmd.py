@@ -49,6 +49,9 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         ),
         # before: an empty key (an unset $KEY) matched a request with no Authorization header: open to all
         (["serve", "/no/such", "--api-key", ""], "--api-key '': expected a non-empty key"),
+        # before: an empty host (an unset $HOST) listened on every interface
+        (["serve", "/no/such", "--host", ""], "--host '': expected an address or host name"),
+        (["serve", "/no/such", "--host", " "], "--host ' ': expected an address or host name"),
         (["serve", "/no/such", "--api-key", " sk-x"], "--api-key ' sk-x': expected"),  # never matched
         (["serve", "/no/such", "--api-key", "sk-ключ"], "--api-key 'sk-ключ': expected"),  # never matched
         (["serve", "/no/such", "--served-model-name", ""], "--served-model-name '': expected a name"),

@@ -66,8 +66,15 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         """UserError naming the flag of a value that would start a server unlike the one asked for: an
-        empty --api-key let every client in (an unset ``$KEY`` gave no key, and no header matched it), a
-        NaN timeout made every request time out at once (or a drain never end)."""
+        empty --host listened on every interface, an empty --api-key let every client in (an unset ``$KEY``
+        gave no key, and no header matched it), a NaN timeout made every request time out at once (or a
+        drain never end)."""
+        if not self.host.strip():
+            # (an unset $HOST gave "", which binds every interface: a server meant for one reachable by all)
+            raise UserError(
+                f"--host {shown(self.host)}: expected an address or host name to listen on (127.0.0.1 for "
+                "this machine alone, 0.0.0.0 for every interface)."
+            )
         key = self.api_key
         if key is not None and (not key or key != key.strip() or not (key.isascii() and key.isprintable())):
             # (an HTTP header is read as Latin-1: a key of other characters, sent as UTF-8, never matched)
