@@ -49,12 +49,17 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         ),
         # before: an empty key (an unset $KEY) matched a request with no Authorization header: open to all
         (["serve", "/no/such", "--api-key", ""], "--api-key '': expected a non-empty key"),
+        # before: an empty host (an unset $HOST) listened on every interface
+        (["serve", "/no/such", "--host", ""], "--host '': expected an address or host name"),
+        (["serve", "/no/such", "--host", " "], "--host ' ': expected an address or host name"),
         (["serve", "/no/such", "--api-key", " sk-x"], "--api-key ' sk-x': expected"),  # never matched
         (["serve", "/no/such", "--api-key", "sk-ключ"], "--api-key 'sk-ключ': expected"),  # never matched
         (["serve", "/no/such", "--served-model-name", ""], "--served-model-name '': expected a name"),
         # before: NaN passed the > 0 range: every request timed out at once (or a drain never ended)
         (["serve", "/no/such", "--request-timeout", "nan"], "--request-timeout nan: expected a number"),
         (["serve", "/no/such", "--body-timeout", "nan"], "--body-timeout nan: expected a number"),
+        (["serve", "/no/such", "--head-timeout", "nan"], "--head-timeout nan: expected a number"),
+        (["serve", "/no/such", "--head-timeout", "0"], "--head-timeout"),
         (["serve", "/no/such", "--send-timeout", "nan"], "--send-timeout nan: expected a number"),
         (["serve", "/no/such", "--send-timeout", "0"], "--send-timeout"),
         (["serve", "/no/such", "--shutdown-grace", "nan"], "--shutdown-grace nan: expected a number"),

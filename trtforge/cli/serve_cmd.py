@@ -202,6 +202,15 @@ def _check_prefill_cap(batched: int | None, prefill: int | None) -> None:
     "(a client trickling bytes would otherwise hold it for as long as it likes).",
 )
 @click.option(
+    "--head-timeout",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds a connection's request line and headers may take to arrive; past them it is closed (a "
+    "408 if part of them came): a client that connects and sends nothing, or trickles its headers, would "
+    "otherwise hold its connection for ever.",
+)
+@click.option(
     "--send-timeout",
     default=60.0,
     show_default=True,
@@ -262,6 +271,7 @@ def serve_cmd(
     request_timeout: float | None,
     max_request_bytes: int,
     body_timeout: float,
+    head_timeout: float,
     send_timeout: float,
     max_intake: int | None,
     shutdown_grace: float,
@@ -312,6 +322,7 @@ def serve_cmd(
         request_timeout=request_timeout,
         max_request_bytes=max_request_bytes,
         body_timeout=body_timeout,
+        head_timeout=head_timeout,
         send_timeout=send_timeout,
         max_intake=max_intake,
         shutdown_grace=shutdown_grace,

@@ -48,6 +48,15 @@ class SpeculativeStepLoop(StepLoop):
         self.num_tokens = proposer.num_tokens
         self._q: dict[Hashable, np.ndarray] = {}
 
+    def abort(self, request_id: Hashable) -> bool:
+        """Cancel a request (:meth:`Scheduler.abort`) and drop the proposer's state of it now, not when a
+        step returns the abort's output: :meth:`flush` may take that output, and the id may be queued
+        again for another prompt before any step, whose proposals would then come from the old tokens."""
+        aborted = super().abort(request_id)
+        if aborted:
+            self.proposer.forget([request_id])
+        return aborted
+
     def step(self) -> list[RequestOutput]:
         self._propose()
         outputs = super().step()

@@ -516,3 +516,33 @@ def test_an_unhashable_request_id_is_a_user_error_and_queues_nothing():
     with pytest.raises(UserError, match=r"request \{'a': 1\}: a request id must be hashable .* got a dict"):
         sched.add_request({"a": 1}, [1, 2])
     assert not sched.has_unfinished()
+
+
+def test_an_aborted_id_queued_again_gets_proposals_of_its_own_tokens():
+    """A speculative StepLoop's proposer keeps state per request id. A request aborted, its output taken
+    with flush() and its id queued again for another prompt got the old request's state (prompt lookup
+    proposed from the old tokens, which the abort's output never reached a step to drop). Now the abort
+    drops it: every proposal is the lookup of the proposing request's own tokens."""
+    from trtforge.llm.spec.proposers import NgramProposer
+
+    proposals = []
+
+    class Recording(NgramProposer):
+        def propose(self, seqs, ks):
+            out = super().propose(seqs, ks)
+            proposals.extend((list(s.tokens), k, p.tokens) for s, k, p in zip(seqs, ks, out))
+            return out
+
+    loop = make_step_loop(make_executor(), None, None, Recording(3))
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    loop.add_request("a", [1, 2, 3] * 4, params)
+    for _ in range(4):
+        loop.step()
+    assert loop.abort("a")
+    assert [o.finish_reason for o in loop.flush()] == ["abort"]
+    again = [9, 8, 7, 6, 5, 4, 3]
+    loop.add_request("a", again, params)
+    assert len(run_to_completion(loop)["a"].output_token_ids) == 16
+    assert any(tokens[: len(again)] == again for tokens, _, _ in proposals)
+    for tokens, k, got in proposals:
+        assert got == NgramProposer(3).lookup(tokens, k), tokens

@@ -210,7 +210,9 @@ def test_streamed_logprobs_are_the_whole_completions(client, stop):
     got: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for chunk in chunks:
         for c in chunk.choices:
-            assert c.logprobs is not None
+            if c.logprobs is None:  # (a chunk of no tokens: the finish after the last piece)
+                assert c.text == "" and c.finish_reason is not None, c
+                continue
             for key in got:
                 got[key] += getattr(c.logprobs, key)
     want = whole.choices[0].logprobs
@@ -719,3 +721,71 @@ def test_chat_fields_are_strictly_typed_too(server):
         assert r.status_code == 400 and r.json()["error"]["param"].startswith(field), r.text
     r = httpx.post(server.url + "/v1/chat/completions", json={**chat, "temperature": None}, headers=headers)
     assert r.status_code == 200, r.text
+
+
+def _extras(model, where: str = "") -> list[str]:
+    """The fields of `model` (an openai type, validated) and of the models it holds that the type lacks."""
+    from pydantic import BaseModel
+
+    out = [f"{where}.{k}" for k in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, BaseModel):
+                out += _extras(item, f"{where}.{name}[{i}]" if isinstance(value, list) else f"{where}.{name}")
+    return out
+
+
+def test_every_response_and_chunk_is_strictly_openais_type(server):
+    """Each body, whole or streamed, of chat and completions (n=2, logprobs, a stop string, usage in
+    stream_options) validates strictly against the openai package's types, with no field they lack; a
+    streamed chunk that carries no tokens has ``logprobs: null``, as OpenAI sends it (its finish chunk
+    carried an empty logprobs object: ``{"content": []}``). The one departure is the SDK's own: it types a
+    streamed completion choice's finish_reason as never null, but OpenAI's API sends null (as here) on every
+    chunk before a choice's last, and the SDK does not validate it."""
+    from typing import Literal
+
+    import httpx
+    from openai.types import Completion, CompletionChoice
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    class StreamedChoice(CompletionChoice):
+        finish_reason: Literal["stop", "length", "content_filter"] | None
+
+    class StreamedCompletion(Completion):
+        choices: list[StreamedChoice]
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    common = {"model": "code-llama-21m", "max_tokens": 12, "n": 2, "stop": ["\n\n"], "seed": 3}
+    bodies = {
+        "completions": ({**common, "prompt": PROMPT, "logprobs": 2}, Completion, StreamedCompletion),
+        "chat/completions": (
+            {
+                **common,
+                "messages": [{"role": "user", "content": PROMPT}],
+                "logprobs": True,
+                "top_logprobs": 2,
+            },
+            ChatCompletion,
+            ChatCompletionChunk,
+        ),
+    }
+    for path, (body, whole, chunk) in bodies.items():
+        r = httpx.post(f"{server.url}/v1/{path}", json=body, headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+        assert _extras(whole.model_validate_json(r.text, strict=True)) == [], r.text
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{server.url}/v1/{path}", json=streamed, headers=headers, timeout=60) as s:
+            lines = [line.removeprefix("data: ") for line in s.iter_lines() if line]
+        assert lines[-1] == "[DONE]"
+        finishes = 0
+        for line in lines[:-1]:
+            c = chunk.model_validate_json(line, strict=True)
+            assert _extras(c) == [], line
+            for choice in c.choices:
+                finishes += choice.finish_reason is not None
+                tokens = choice.logprobs and (
+                    choice.logprobs.content if path == "chat/completions" else choice.logprobs.tokens
+                )
+                assert choice.logprobs is None or tokens, f"logprobs of no tokens, not null: {line}"
+        assert finishes == 2 and c.choices == [] and c.usage.completion_tokens > 0, lines[-2]

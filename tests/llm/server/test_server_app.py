@@ -798,9 +798,13 @@ def test_served_names_are_listed_once_and_aliases_apply_to_the_default_name_only
         assert state.served_model_names == expected and state.model_aliases == aliases
 
 
-def _bounded_head_answers(reads: list[bytes]) -> list[bytes]:
-    """The status lines the server's HTTP protocol (run._http_protocol) writes for `reads`, fed to it one
-    by one as reads of one connection, in process over an app that answers 200."""
+def _bounded_head_answers(
+    reads: list[bytes], head_timeout: float = 20.0, answer_after: float = 0.0
+) -> list[bytes]:
+    """The status lines the server's HTTP protocol (run._http_protocol, its --head-timeout `head_timeout`)
+    writes for `reads`, fed to it one by one as reads of one connection, in process over an app that
+    answers 200 `answer_after` seconds after a request's body arrived; then the connection is watched until
+    it closes or every answer is out and no timer is left to close it."""
     import asyncio
     import re
     from unittest import mock
@@ -813,11 +817,12 @@ def _bounded_head_answers(reads: list[bytes]) -> list[bytes]:
     async def app(scope, receive, send):
         while (await receive()).get("more_body"):
             pass
+        await asyncio.sleep(answer_after)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
     async def run() -> list[bytes]:
-        cls = _http_protocol()
+        cls = _http_protocol(head_timeout)
         config = uvicorn.Config(app, http=cls, lifespan="off")
         config.load()
         proto = cls(config=config, server_state=ServerState(), app_state={})
@@ -832,6 +837,10 @@ def _bounded_head_answers(reads: list[bytes]) -> list[bytes]:
             if closed:
                 break
             proto.data_received(data)
+            await asyncio.sleep(0.01)
+        while not closed and (
+            proto.head_timer is not None or (proto.cycle and not proto.cycle.response_complete)
+        ):
             await asyncio.sleep(0.01)
         return re.findall(rb"HTTP/1\.1 (\d{3}) ", b"".join(written))
 
@@ -853,6 +862,15 @@ def test_a_pipelined_request_after_a_large_body_is_not_taken_for_a_large_head():
     first = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
     reads = [first + body[:100], body[100:] + b"GET / HTTP/1.1\r\nHost: x\r\n", b"\r\n"]
     assert _bounded_head_answers(reads) == [b"200", b"200"]
+
+
+def test_a_head_pipelined_behind_a_running_response_is_timed_after_it():
+    """--head-timeout closes a connection whose next request's head stops coming; where that head was
+    pipelined behind a response still running (longer than the timeout), the response is not cut: the
+    head is timed again after it, then refused with a 408."""
+    first = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert _bounded_head_answers([first + b"GET / HTTP/1.1\r\nHo"], 0.1, answer_after=0.5) == [b"200", b"408"]
+    assert _bounded_head_answers([b"GET / HTTP/1.1\r\nHo"], 0.1) == [b"408"]
 
 
 def _uvicorn_refusal() -> str:

@@ -14,15 +14,17 @@ import time
 
 import pytest
 
-from tests.llm.server.harness import chat_server
+from tests.llm.server.harness import chat_server, wait_for
 from tests.llm.server.test_server_hostile import NAME, _error, _post
 
 BODY = json.dumps({"model": NAME, "prompt": "def f(", "max_tokens": 2}).encode()
+HEAD_TIMEOUT = 2  # the module's server's --head-timeout
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     args = ["--num-blocks", "256", "--max-num-seqs", "4", "--max-waiting", "4", "--max-intake", "2"]
+    args += ["--head-timeout", str(HEAD_TIMEOUT)]
     with chat_server(tmp_path_factory.mktemp("intake"), args) as s:
         yield s
 
@@ -79,13 +81,6 @@ def _intake(server) -> tuple[float, float]:
     return m["trtforge_http_requests_intake"], m["trtforge_http_requests_intake_waiting"]
 
 
-def _wait_for(cond, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
-
-
 def _others_answer(server) -> None:
     """/health, /metrics and /v1/models take no intake slot: they answer at once while all are held."""
     import httpx
@@ -106,7 +101,7 @@ def test_a_request_past_the_bound_waits_unread_until_a_slot_frees(server, open_r
     b.sendall(BODY[:half])
     c = open_request()
     assert not _continued(c, 1.0), "a third body was read while two held the slots"
-    _wait_for(lambda: _intake(server) == (2, 1))
+    wait_for(lambda: _intake(server) == (2, 1))
     _others_answer(server)
     assert _intake(server) == (2, 1) and not _continued(c, 0.2)
     a.sendall(BODY[half:])
@@ -115,7 +110,7 @@ def test_a_request_past_the_bound_waits_unread_until_a_slot_frees(server, open_r
     c.sendall(BODY)
     b.sendall(BODY[half:])
     assert _response(c)[0] == 200 and _response(b)[0] == 200
-    _wait_for(lambda: _intake(server) == (0, 0))
+    wait_for(lambda: _intake(server) == (0, 0))
     server.wait_blocks_free()
 
 
@@ -138,15 +133,15 @@ def test_slots_come_back_after_refusals_disconnects_and_successes(server, open_r
     for s in held:
         assert _continued(s, 10)
     gone = open_request()  # leaves while waiting for a slot: it is refused (499) once it has one
-    _wait_for(lambda: _intake(server) == (2, 1))
+    wait_for(lambda: _intake(server) == (2, 1))
     gone.close()
     for s in held:
         s.sendall(BODY)
         assert _response(s)[0] == 200
-    _wait_for(lambda: server.metrics().get(key, 0) >= before + 4)
+    wait_for(lambda: server.metrics().get(key, 0) >= before + 4)
     for _ in range(3):
         assert _post(server, BODY).status_code == 200
-    _wait_for(lambda: _intake(server) == (0, 0))
+    wait_for(lambda: _intake(server) == (0, 0))
     both = [open_request(), open_request()]
     assert all(_continued(s, 10) for s in both), "a slot was not given back"
     for s in both:
@@ -205,7 +200,7 @@ def test_requests_in_intake_when_the_drain_begins_get_a_503_in_openais_schema(tm
                     assert _continued(s, 10)
                     s.sendall(BODY[:10])  # the rest never comes
             reading, waiting = opened
-            _wait_for(lambda: _intake(server) == (1, 1))
+            wait_for(lambda: _intake(server) == (1, 1))
             server.terminate()
             for s in (waiting, reading):
                 status, body = _response(s)
@@ -216,3 +211,43 @@ def test_requests_in_intake_when_the_drain_begins_get_a_503_in_openais_schema(tm
         finally:
             for s in opened:
                 s.close()
+
+
+def test_a_connection_whose_head_does_not_arrive_in_time_is_closed(server):
+    """A connection that sends nothing, one that sends part of a head and stops, one that trickles header
+    lines for longer than --head-timeout, and one whose second request (after a response, on the same
+    connection) never finishes its head: each is closed at --head-timeout, with a 408 in OpenAI's schema
+    where part of a head came. Before: uvicorn has no such bound, and each held its socket for ever (a
+    slowloris: enough of them leave the server no file descriptor to accept real clients with). The
+    waits are for the server's close; their timeout is a hang guard only."""
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+    def connect() -> socket.socket:
+        return socket.create_connection(("127.0.0.1", server.port), timeout=30)
+
+    idle, partial, trickling = connect(), connect(), connect()
+    partial.sendall(head)
+    trickling.sendall(head)
+    for _ in range(3 * HEAD_TIMEOUT * 4):  # a line every 0.25 s for 3x the timeout, never the blank line
+        try:
+            trickling.sendall(b"X-Slow: 1\r\n")
+        except OSError:  # (closed already)
+            break
+        time.sleep(0.25)
+    second = connect()  # (one opened with the others would be closed by now: it sent nothing)
+    second.sendall(head + b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+    reply = b""
+    while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+        chunk = second.recv(65536)
+        assert chunk, reply
+        reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200 "), reply
+    second.sendall(head)  # the second request's head, never finished
+    assert idle.recv(100) == b""  # closed, nothing said: no request had begun
+    for s in (partial, trickling, second):
+        status, body = _response(s)
+        assert status == 408, body
+        assert f"--head-timeout {HEAD_TIMEOUT} s" in json.loads(body)["error"]["message"], body
+    for s in (idle, partial, trickling, second):
+        s.close()
+    assert _post(server, BODY).status_code == 200

@@ -8,12 +8,11 @@ on one token id (tests/llm/server/faulty.py). The SIGTERM test ends it, so it ru
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from tests.llm.server.faulty import LOST, POISON
-from tests.llm.server.harness import Server, need_model
+from tests.llm.server.harness import Server, need_model, wait_for
 
 NAME = "faulty"
 
@@ -54,13 +53,6 @@ def _stream(server, max_tokens, out, key):
         out[key] = {"status": r.status_code, "lines": [line for line in r.iter_lines() if line]}
 
 
-def _wait_for(cond, timeout=30.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
-
-
 def test_queue_overflow_is_429_with_retry_after(server):
     import httpx
 
@@ -68,7 +60,7 @@ def test_queue_overflow_is_429_with_retry_after(server):
     threads = [threading.Thread(target=_stream, args=(server, 120, out, i)) for i in range(3)]
     for t in threads:
         t.start()
-    _wait_for(lambda: server.metrics()["trtforge_http_requests_in_flight"] == 3)
+    wait_for(lambda: server.metrics()["trtforge_http_requests_in_flight"] == 3)
     r = httpx.post(server.url + "/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 2})
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["type"] == "rate_limit_error"
@@ -106,9 +98,9 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(server):
     threads = [threading.Thread(target=_stream, args=(server, 120, out, i)) for i in range(2)]
     for t in threads:
         t.start()
-    _wait_for(lambda: server.metrics()["trtforge_num_requests_running"] == 2)
+    wait_for(lambda: server.metrics()["trtforge_num_requests_running"] == 2)
     server.terminate()
-    _wait_for(lambda: httpx.get(server.url + "/health").status_code == 503)
+    wait_for(lambda: httpx.get(server.url + "/health").status_code == 503)
     r = httpx.post(server.url + "/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 2})
     assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable_error"
     for t in threads:
@@ -129,9 +121,9 @@ def test_a_second_sigterm_stops_at_once_without_a_trace_and_exits_143(tmp_path):
     t = threading.Thread(target=_stream_safely, args=(s, model.name, out))
     t.start()
     try:
-        _wait_for(lambda: s.metrics()["trtforge_num_requests_running"] == 1)
+        wait_for(lambda: s.metrics()["trtforge_num_requests_running"] == 1)
         s.terminate()
-        _wait_for(lambda: "draining 1 request" in s.log())
+        wait_for(lambda: "draining 1 request" in s.log())
         s.terminate()
         assert s.proc.wait(60) == 143, s.log()
     finally:
@@ -202,7 +194,7 @@ def test_requests_running_past_the_grace_end_as_503s_and_streams_with_done(tmp_p
     for t in threads:
         t.start()
     try:
-        _wait_for(lambda: s.metrics()["trtforge_num_requests_running"] == 2)
+        wait_for(lambda: s.metrics()["trtforge_num_requests_running"] == 2)
         s.terminate()
         assert s.proc.wait(60) == 0, s.log()
     finally:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import time
 
 import pytest
 
-from tests.llm.server.harness import Server, need_model
+from tests.llm.server.harness import Server, need_model, wait_for
 
 NAME = "tiny"
 LONG = {"model": NAME, "prompt": [5, 6, 7], "max_tokens": 500, "ignore_eos": True, "temperature": 0}
@@ -56,64 +55,112 @@ def test_a_stream_is_counted_in_metrics_by_how_it_ended(server):
     with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=30) as s:
         lines = [line for line in s.iter_lines() if line]
     assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == "timeout"
-    _wait_for(lambda: counts() == (ok0, late0 + 1))
+    wait_for(lambda: counts() == (ok0, late0 + 1))
     short = {**LONG, "max_tokens": 3, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=short, timeout=30) as s:
         assert [line for line in s.iter_lines() if line][-1] == "data: [DONE]"
-    _wait_for(lambda: counts() == (ok0 + 1, late0 + 1))
+    wait_for(lambda: counts() == (ok0 + 1, late0 + 1))
     server.wait_blocks_free()
 
 
-def _wait_for(cond, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
+class _Endless:
+    """A streamed choice whose generation never ends: a piece every millisecond until it is cancelled."""
+
+    finish_reason = None
+    num_tokens = 0
+
+    def __init__(self) -> None:
+        import asyncio
+        from types import SimpleNamespace
+
+        self.cancelled = asyncio.Event()
+        self.handle = SimpleNamespace(cancel=self.cancelled.set)
+
+    async def pieces(self):
+        import asyncio
+
+        while True:
+            await asyncio.sleep(0.001)
+            yield "x" * 100
+
+    def take_logprobs(self) -> list:
+        return []
 
 
-@pytest.fixture(scope="module")
-def slow(tmp_path_factory):
-    """A server whose steps take 10 ms or more (tests/llm/server/faulty.py's slow_long), with a timeout."""
-    model = need_model()
-    args = ["--tokenizer", str(model), "--served-model-name", NAME, "--request-timeout", "20"]
-    args += ["--max-num-seqs", "16", "--num-blocks", "4200"]
-    s = Server("tests.llm.server.faulty:slow_long", args, tmp_path_factory.mktemp("slow") / "server.log")
-    yield s
-    assert s.stop() == 0
-    assert "Traceback" not in s.log(), s.log()
+class _Admission:
+    def release(self) -> None:
+        pass
 
 
-def test_a_stream_whose_client_reads_nothing_is_cancelled_at_the_timeout(slow):
-    """A streaming client that sends its request and never reads (a small receive buffer): once the
-    socket's buffers fill, every send of the body waits on the client, so the body never reached its own
-    --request-timeout check. The request is cancelled at the timeout anyway (its 16 sequences leave the
-    engine, though 4,000 tokens each would take 40 s or more), counted 504, and its connection closed a
-    grace later. Before: it ran to max_tokens, and its response waited on the client forever."""
-    body = json.dumps(
-        {**LONG, "max_tokens": 4000, "n": 16, "logprobs": 20, "stream": True}  # ~8 MB of events in 20 s
-    ).encode()
-    key = 'trtforge_requests_total{endpoint="completions",status="504"}'
-    before = slow.metrics().get(key, 0)
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: the window it offers)
-    try:
-        s.connect(("127.0.0.1", slow.port))
-        s.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
-        start = time.monotonic()
-        _wait_for(lambda: slow.metrics()["trtforge_num_requests_running"] == 16)
-        m = slow.wait_blocks_free(timeout=20 + 10)  # its sequences leave the engine at the timeout
-        assert time.monotonic() - start < 20 + 10
-        assert m["trtforge_generation_tokens_total"] < 16 * 4000 / 2
-        assert m["trtforge_http_requests_in_flight"] == 0
-        _wait_for(lambda: slow.metrics().get(key, 0) == before + 1)  # once its connection is closed
-        log = slow.log()
-        assert "read nothing for 5 s past --request-timeout 20 s" in log, log
-        assert "ASGI callable" not in log, log
-    finally:
-        s.close()
+class _Requests:
+    """/metrics' requests counter, recording the labels each count is made under."""
+
+    def __init__(self) -> None:
+        self.counted: list[tuple[str, ...]] = []
+
+    def labels(self, *labels: str):
+        from types import SimpleNamespace
+
+        self.counted.append(labels)
+        return SimpleNamespace(inc=lambda: None)
+
+
+@pytest.mark.parametrize("grace", [3600.0, 0.1])
+def test_a_stream_whose_client_reads_nothing_is_cancelled_at_the_timeout(monkeypatch, caplog, grace):
+    """A streaming client that reads nothing: once the socket's buffers fill, every send of the body waits
+    on it, so the body never reaches its own --request-timeout check. Its generation is cancelled at the
+    timeout anyway (while the send still waits: the grace is an hour), and STREAM_CLOSE_GRACE later its
+    connection is dropped and the stream counted 504. Before: it ran to max_tokens, and its response waited
+    on the client forever.
+
+    In process, over the server's own response and pumps: the client is an ASGI send that never returns
+    once the body starts (a client whose buffers are full, whatever the machine's speed; a real server
+    needed megabytes of events for that, which a loaded machine did not make before the timeout), and
+    each wait is for an event, its timeout a hang guard only."""
+    import asyncio
+    import logging
+    from types import SimpleNamespace
+
+    pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
+    from trtforge.llm.server import responses
+
+    monkeypatch.setattr(responses, "STREAM_CLOSE_GRACE", grace)
+    caplog.set_level(logging.WARNING, logger="trtforge.serve")
+
+    async def run() -> None:
+        choices = [_Endless(), _Endless()]
+        metrics = SimpleNamespace(requests=_Requests())
+        state = SimpleNamespace(request_timeout=0.2, send_timeout=None, metrics=metrics)
+        pumps = responses.Pumps(choices, _Admission(), state.request_timeout)
+        req = SimpleNamespace(stream_options=None, logprobs=None)
+        body = responses.stream(state, "completions", "cmpl-1", NAME, req, choices, 3, pumps)
+        response = responses.SSEResponse(body, state, "completions", pumps)
+        blocked, gone, never = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                blocked.set()
+                await never.wait()
+
+        async def receive() -> dict:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}, responses.ABORT_CONNECTION: gone.set}
+        serving = asyncio.ensure_future(response(scope, receive, send))
+        await asyncio.wait_for(blocked.wait(), 30)
+        await asyncio.wait_for(asyncio.gather(*(c.cancelled.wait() for c in choices)), 30)
+        assert all(t.done() for t in pumps.tasks)
+        if grace > 60:  # the send still waits: the connection stays until the grace is over
+            assert not gone.is_set() and not serving.done()
+            serving.cancel()
+            return
+        await asyncio.wait_for(serving, 30)
+        assert gone.is_set() and metrics.requests.counted == [("completions", "504")]
+
+    asyncio.run(run())
+    if grace < 60:
+        assert "read nothing for 0.1 s past --request-timeout 0.2 s" in caplog.text, caplog.text
 
 
 @pytest.fixture(scope="module")
@@ -146,13 +193,13 @@ def test_a_stream_whose_client_never_reads_is_cut_at_the_send_timeout(stalling):
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
-        _wait_for(lambda: stalling.metrics()["trtforge_num_requests_running"] == 16)
+        wait_for(lambda: stalling.metrics()["trtforge_num_requests_running"] == 16)
         # (a hang guard only: how soon the buffers fill depends on the machine's load; that the stream was
         # cut, not run out, is what the count of tokens generated says)
         m = stalling.wait_blocks_free(timeout=600)
         assert m["trtforge_generation_tokens_total"] < 16 * 4000 / 2
-        _wait_for(lambda: stalling.metrics()["trtforge_http_requests_in_flight"] == 0)
-        _wait_for(lambda: stalling.metrics().get(key, 0) == before + 1)
+        wait_for(lambda: stalling.metrics()["trtforge_http_requests_in_flight"] == 0)
+        wait_for(lambda: stalling.metrics().get(key, 0) == before + 1)
         s.settimeout(10)
         read = 0
         with contextlib.suppress(ConnectionResetError):  # (the server's reset may come before any EOF)

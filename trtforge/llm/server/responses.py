@@ -352,7 +352,9 @@ async def stream(
     def chunk(
         index: int, text: str | None, finish: str | None, role: bool = False, entries: list[Any] | None = None
     ) -> str:
-        lps = None if role else logprobs(index, entries or [])
+        # a chunk of no tokens (the role's, a finish after the last piece) carries none: null, as OpenAI
+        # sends it, not an empty list
+        lps = logprobs(index, entries) if entries else None
         if chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:

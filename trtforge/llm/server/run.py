@@ -36,6 +36,10 @@ from trtforge.llm.server.app import DEFAULT_SEND_TIMEOUT, ServerState, connectio
 
 log = logging.getLogger("trtforge.serve")
 
+# seconds a connection's request line and headers may take to arrive (--head-timeout): a client sends them
+# at once, in well under a second
+DEFAULT_HEAD_TIMEOUT = 20.0
+
 
 @dataclass
 class ServeOptions:
@@ -52,6 +56,7 @@ class ServeOptions:
     request_timeout: float | None = None
     max_request_bytes: int = 16 * 2**20
     body_timeout: float = 60.0
+    head_timeout: float = DEFAULT_HEAD_TIMEOUT
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT
     max_intake: int | None = None  # None: app.default_intake()
     shutdown_grace: float = 30.0
@@ -61,8 +66,15 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         """UserError naming the flag of a value that would start a server unlike the one asked for: an
-        empty --api-key let every client in (an unset ``$KEY`` gave no key, and no header matched it), a
-        NaN timeout made every request time out at once (or a drain never end)."""
+        empty --host listened on every interface, an empty --api-key let every client in (an unset ``$KEY``
+        gave no key, and no header matched it), a NaN timeout made every request time out at once (or a
+        drain never end)."""
+        if not self.host.strip():
+            # (an unset $HOST gave "", which binds every interface: a server meant for one reachable by all)
+            raise UserError(
+                f"--host {shown(self.host)}: expected an address or host name to listen on (127.0.0.1 for "
+                "this machine alone, 0.0.0.0 for every interface)."
+            )
         key = self.api_key
         if key is not None and (not key or key != key.strip() or not (key.isascii() and key.isprintable())):
             # (an HTTP header is read as Latin-1: a key of other characters, sent as UTF-8, never matched)
@@ -88,6 +100,7 @@ class ServeOptions:
         timeouts = {
             "--request-timeout": self.request_timeout,
             "--body-timeout": self.body_timeout,
+            "--head-timeout": self.head_timeout,
             "--send-timeout": self.send_timeout,
             "--shutdown-grace": self.shutdown_grace,
         }
@@ -119,7 +132,9 @@ def _imports() -> Any:
 # - BoundedHead (_http_protocol) subclasses uvicorn.protocols.http.httptools_impl.HttpToolsProtocol:
 #   httptools' parser calls the protocol's own on_message_begin and on_headers_complete, each read goes
 #   through data_received, `transport` is the connection's, and STATUS_LINE[431] is the 431 status line.
-#   Where these change, the head bound silently stops applying (or every request fails in the parser).
+#   Its ``loop`` times each head (--head-timeout) and ``cycle.response_complete`` says whether a response
+#   is still running. Where these change, the head bounds silently stop applying (or every request fails
+#   in the parser).
 # - _App (app.connection_abort) finds the connection's transport as the ASGI send's
 #   ``__self__.transport`` (send is the request cycle's bound method) and drops it with ``abort()``.
 #   Where that changes, a stream cut on a client that reads nothing keeps its socket open for ever.
@@ -298,7 +313,7 @@ def run(
         port=options.port,
         log_level=options.log_level,
         access_log=False,
-        http=_http_protocol(),
+        http=_http_protocol(options.head_timeout),
         timeout_graceful_shutdown=1,
         lifespan="on",
     )
@@ -332,11 +347,17 @@ def run(
 MAX_HEAD_BYTES = 64 * 2**10
 
 
-def _http_protocol() -> Any:
+def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT) -> Any:
     """uvicorn's httptools protocol, refusing a request whose line and headers pass :data:`MAX_HEAD_BYTES`
     with a 431 in OpenAI's schema, and closing its connection. httptools (uvicorn's choice where installed)
     has no bound of its own: one connection sending a 300 MB header grew the server by 360 MB before any
-    route, the API key's check included, saw it. Without httptools uvicorn's h11, which bounds it."""
+    route, the API key's check included, saw it. Without httptools uvicorn's h11, which bounds it.
+
+    A connection whose request head (its first, or one begun after a response) has not all arrived
+    `head_timeout` seconds (--head-timeout) after it began is closed, with a 408 where some of it came:
+    uvicorn has no such bound, so a client that connected and sent nothing, or trickled a header a few
+    bytes at a time (slowloris), held its connection and file descriptor for ever, and enough of them left
+    the server none to accept real clients with."""
     if importlib.util.find_spec("httptools") is None:
         return "h11"
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -350,15 +371,56 @@ def _http_protocol() -> Any:
 
         head: int | None = None  # bytes of the current request's head counted so far; None: not in one
         begun = 0  # requests begun on this connection
+        head_timer: asyncio.TimerHandle | None = None  # closes the connection at --head-timeout
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._time_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._untime_head()
+            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             self.head = 0
             self.begun += 1
+            self._time_head()  # (after a response: uvicorn's keep-alive timer ended at the first byte)
             super().on_message_begin()
 
         def on_headers_complete(self) -> None:
             self.head = None
+            self._untime_head()
             super().on_headers_complete()
+
+        def _time_head(self) -> None:
+            if self.head_timer is None:
+                self.head_timer = self.loop.call_later(head_timeout, self._head_late)
+
+        def _untime_head(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def _head_late(self) -> None:
+            """--head-timeout passed with the head incomplete: a 408 if any of it came, then the close."""
+            self.head_timer = None
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._time_head()  # (a pipelined head behind a response still running: timed after it)
+                return
+            if self.head is None:  # (nothing of a request came)
+                self.transport.close()
+                return
+            late = f"the request's line and headers did not arrive within --head-timeout {head_timeout:g} s"
+            self._refuse(408, late)
+
+        def _refuse(self, status: int, message: str) -> None:
+            """Answer `status` in OpenAI's schema and close the connection (the request is not read on)."""
+            body = json.dumps(error_body(status, message)).encode()
+            head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            self.transport.write(STATUS_LINE[status] + head % len(body) + body)
+            self.transport.close()
 
         def data_received(self, data: bytes) -> None:
             begun = self.begun
@@ -368,11 +430,10 @@ def _http_protocol() -> Any:
             self.head += len(data)
             if self.head > MAX_HEAD_BYTES:
                 self.head = None
-                message = f"the request's line and headers exceed {MAX_HEAD_BYTES:,} bytes; send shorter ones"
-                body = json.dumps(error_body(431, message)).encode()
-                head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-                self.transport.write(STATUS_LINE[431] + head % len(body) + body)
-                self.transport.close()
+                self._untime_head()
+                self._refuse(
+                    431, f"the request's line and headers exceed {MAX_HEAD_BYTES:,} bytes; send shorter ones"
+                )
 
     return BoundedHead
 
