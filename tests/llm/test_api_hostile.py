@@ -3,6 +3,8 @@ naming the argument, never a hang, a deep torch trace or silently wrong output."
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.cli.test_generate_speculative import (
@@ -274,3 +276,16 @@ def test_text_stop_strings_are_refused_by_the_token_engine_not_ignored() -> None
             engine.generate([[1, 2], [3, 4]], [SamplingParams(), SamplingParams(stop=["x"])])
         out = engine.generate([[1, 2, 3]], SamplingParams(stop_sequences=[[5, 6]], max_tokens=3))[0]
         assert out.error is None and len(out.token_ids) <= 3
+
+
+@pytest.mark.parametrize("max_model_len", [0, 2.5, "64", "abc", 65])
+def test_paged_graph_refuses_max_model_len_as_slot_graphs_and_engines_do(paged_graph, max_model_len) -> None:
+    """One rule for every step graph's and engine's max_model_len: an integer in [2, max_seq]. Before, the
+    paged ONNX Runtime executor read ``int(max_model_len or max_seq)``: 0 served at max_seq, 2.5 at 2 and
+    "64" at 64 (the slot graph and the engine refused them), and "abc" raised a bare ValueError."""
+    import trtforge.llm
+
+    got = re.escape(repr(max_model_len))
+    message = rf"^max_model_len must be an integer in \[2, 64\] \(.*\), got {got}\.$"
+    with pytest.raises(UserError, match=message):
+        trtforge.llm.load(paged_graph, max_model_len=max_model_len)

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.errors import TrtforgeError, UserError, is_int
 from trtforge.llm import contract
 
 
@@ -220,6 +220,16 @@ class AsyncStepExecutor(StepExecutor, Protocol):
         """:meth:`StepExecutor.step` after applying `feed` to the input ids, returning device logits
         ``[N, vocab]`` (a torch tensor) without synchronising with the device."""
         ...
+
+
+def check_max_model_len(value: Any, max_seq: int, why: str) -> int:
+    """`value` (None: `max_seq`) as the longest sequence an executor over a step graph or engine serves;
+    UserError unless it is an integer in [2, `max_seq`] (`why` says where max_seq comes from). One rule for
+    every such executor: the paged one had turned 0 into max_seq and 2.5 into 2."""
+    value = max_seq if value is None else value
+    if not is_int(value) or not 2 <= value <= max_seq:
+        raise UserError(f"max_model_len must be an integer in [2, {max_seq}] ({why}), got {value!r}.")
+    return int(value)
 
 
 def supports_async(executor: object) -> bool:

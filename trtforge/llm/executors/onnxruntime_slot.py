@@ -16,7 +16,7 @@ import numpy as np
 
 from trtforge.errors import UserError
 from trtforge.llm import contract
-from trtforge.llm.executors.base import ExecutorFacts, StepBatch
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch, check_max_model_len
 from trtforge.llm.executors.onnxruntime_exec import ORT_TYPES, allocate_pools, read_generation
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
@@ -124,12 +124,8 @@ class OrtSlotPoolExecutor:
         self.generation = g
         # a block is a cache row of max_seq tokens: each running sequence holds one
         max_seq = self.graph.max_seq
-        max_model_len = max_seq if max_model_len is None else max_model_len
-        if not isinstance(max_model_len, int) or not 2 <= max_model_len <= max_seq:
-            raise UserError(
-                f"max_model_len must be an integer in [2, {max_seq}] (the step graph's max_seq, the "
-                f"length of its cache rows); got {max_model_len!r}."
-            )
+        why = "the step graph's max_seq, the length of its cache rows"
+        max_model_len = check_max_model_len(max_model_len, max_seq, why)
         num_blocks = self.graph.max_batch if num_blocks is None else num_blocks
         if not isinstance(num_blocks, (int, np.integer)) or isinstance(num_blocks, bool) or num_blocks < 1:
             raise UserError(

@@ -45,7 +45,7 @@ import numpy as np
 
 from trtforge.core.manifest import Manifest, ShapeRange, read_manifest
 from trtforge.errors import TrtforgeError, UserError
-from trtforge.llm.executors.base import ExecutorFacts, StepBatch
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch, check_max_model_len
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
 PHASES = ("prefill", "decode")
@@ -268,12 +268,7 @@ class TrtPagedExecutor:
                 f"num_blocks must be an integer in [1, {most}] ({spec.label} holds pools of {most} blocks "
                 f"plus one scratch block; rebuild with a larger --num-blocks for more), got {num_blocks!r}."
             )
-        max_model_len = int(g["max_seq"]) if max_model_len is None else max_model_len
-        if not isinstance(max_model_len, int) or not 2 <= max_model_len <= int(g["max_seq"]):
-            raise UserError(
-                f"max_model_len must be an integer in [2, {g['max_seq']}] (the engine's --max-seq), "
-                f"got {max_model_len!r}."
-            )
+        max_model_len = check_max_model_len(max_model_len, int(g["max_seq"]), "the engine's --max-seq")
         self._num_blocks, self._max_model_len = num_blocks, max_model_len
         self._open(device)
         pools = (*self.pools.values(), *self._spare.values())
