@@ -289,3 +289,21 @@ def test_paged_graph_refuses_max_model_len_as_slot_graphs_and_engines_do(paged_g
     message = rf"^max_model_len must be an integer in \[2, 64\] \(.*\), got {got}\.$"
     with pytest.raises(UserError, match=message):
         trtforge.llm.load(paged_graph, max_model_len=max_model_len)
+
+
+def test_from_pretrained_takes_numpy_integers_as_every_integer_option_does() -> None:
+    """An integer option of the API takes a NumPy integer (``errors.is_int``: SamplingParams, load's
+    num_blocks). from_pretrained checked its sizes with a copy that took Python ints only and refused
+    ``num_blocks=np.int64(16)`` as "must be an integer >= 1, got 16"."""
+    import numpy as np
+
+    import trtforge.llm
+
+    sizes = {"num_blocks": 16, "block_size": 4, "max_model_len": 32, "tensor_parallel_size": 1}
+    params = SamplingParams(max_tokens=3)
+    outs = []
+    for wrap in (int, np.int64):
+        kwargs = {k: wrap(v) for k, v in sizes.items()}
+        with trtforge.llm.from_pretrained("tests.llm.tiny_models:llama_factory", **kwargs) as llm:
+            outs.append(llm.generate([[1, 2, 3]], params)[0])
+    assert len(outs[0]) == 3 and outs[1] == outs[0]
