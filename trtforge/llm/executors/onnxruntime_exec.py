@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, is_int
 from trtforge.llm.executors.base import ExecutorFacts, PoolAllocationError, StepBatch, check_max_model_len
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
@@ -73,7 +73,7 @@ class OrtPagedExecutor:
         self._max_model_len = check_max_model_len(max_model_len, int(g["max_seq"]), why)
         if num_blocks is None:
             num_blocks = int(g["max_batch"]) * -(-int(g["max_seq"]) // self._block_size)
-        if not isinstance(num_blocks, (int, np.integer)) or isinstance(num_blocks, bool) or num_blocks < 1:
+        if not is_int(num_blocks) or num_blocks < 1:
             raise UserError(f"num_blocks must be an integer >= 1, got {num_blocks!r}.")
         self._num_blocks = int(num_blocks)
         self.session = exact_session(self.path)

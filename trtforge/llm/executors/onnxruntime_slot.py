@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, is_int
 from trtforge.llm import contract
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, check_max_model_len
 from trtforge.llm.executors.onnxruntime_exec import ORT_TYPES, allocate_pools, read_generation
@@ -127,7 +127,7 @@ class OrtSlotPoolExecutor:
         why = "the step graph's max_seq, the length of its cache rows"
         max_model_len = check_max_model_len(max_model_len, max_seq, why)
         num_blocks = self.graph.max_batch if num_blocks is None else num_blocks
-        if not isinstance(num_blocks, (int, np.integer)) or isinstance(num_blocks, bool) or num_blocks < 1:
+        if not is_int(num_blocks) or num_blocks < 1:
             raise UserError(
                 f"num_blocks must be an integer >= 1 (slot-cache rows: one per running sequence), got "
                 f"{num_blocks!r}."

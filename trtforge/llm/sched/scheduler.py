@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, is_int
 from trtforge.llm.executors.base import StepExecutor
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import BlockManager, MemoryStats, NoFreeBlocksError
@@ -54,11 +54,6 @@ __all__ = [
     "StepFailedError",
     "StepPlan",
 ]
-
-
-def _token(t: object) -> bool:
-    """Whether `t` can be a token id: an int or numpy integer, not a bool."""
-    return isinstance(t, (int, np.integer)) and not isinstance(t, bool)
 
 
 class Scheduler:
@@ -134,7 +129,7 @@ class Scheduler:
             tokens = None
         # the common prompt is plain ints: one pass in C (type() is exact: a bool is not an int here)
         if tokens is None or set(map(type, tokens)) - {int}:
-            bad = None if tokens is None else next((i for i, t in enumerate(tokens) if not _token(t)), None)
+            bad = None if tokens is None else next((i for i, t in enumerate(tokens) if not is_int(t)), None)
             if tokens is None or bad is not None:
                 got = type(prompt).__name__  # (else: the first element that is no token id, by position)
                 if tokens is not None and bad is not None:
