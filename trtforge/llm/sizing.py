@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtforge.errors import UserError
+from trtforge.llm.executors.base import kv_block_bytes
 from trtforge.llm.sched.scheduler import SchedulerConfig
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -95,11 +96,6 @@ def default_scheduler_config(
         config = dataclasses.replace(config, max_num_seqs=max_num_seqs)
     config.validate()
     return config
-
-
-def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, itemsize: int) -> int:
-    """Bytes one block takes over every layer: its K and its V, ``block_size`` tokens of Hkv x D each."""
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
 
 def check_utilization(value: float) -> float:

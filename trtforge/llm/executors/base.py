@@ -232,6 +232,12 @@ def check_max_model_len(value: Any, max_seq: int, why: str) -> int:
     return int(value)
 
 
+def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, itemsize: int) -> int:
+    """Bytes one block takes over every layer: its K and its V, ``block_size`` tokens of Hkv x D each (the
+    sizing's blocks and :attr:`ExecutorFacts.kv_bytes_per_token` alike)."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+
 def supports_async(executor: object) -> bool:
     """Whether `executor`'s class defines ``step_async``.
 
@@ -308,7 +314,7 @@ class ExecutorFacts:
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes one token's keys and values take over every layer."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_element_bytes
+        return kv_block_bytes(self.num_layers, self.num_kv_heads, self.head_dim, 1, self.kv_element_bytes)
 
     @classmethod
     def of_step_graph(
