@@ -255,6 +255,7 @@ def torch_pool(
 
     from trtforge.llm.executors.kv_cache import kv_element_bytes
     from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.models.families import adapter_for
 
     check_utilization(gpu_memory_utilization)
     if graphs is True:
@@ -262,9 +263,10 @@ def torch_pool(
     if device is not None or dtype is not None:
         lm.to(device=device, dtype=dtype)
     param = next(lm.parameters())
-    cfg = lm.config
-    positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048)
-    need = blocks_for_sequences(config.max_num_seqs, int(max_model_len or positions), block_size)
+    # the executor's own default length: the family adapter's (a dynamic rotary's scaled length, MPT's
+    # max_seq_len), not the config's max_position_embeddings (a fixed 2048 where a config has none)
+    longest = adapter_for(lm, "the torch executor").max_length
+    need = blocks_for_sequences(config.max_num_seqs, int(max_model_len or longest), block_size)
     world = 1 if tensor_parallel is None else int(tensor_parallel.world)
     itemsize = kv_element_bytes(kv_cache_dtype, param.dtype)
     block_bytes = model_kv_block_bytes(lm, block_size, itemsize)
