@@ -18,6 +18,7 @@ from typing import Any
 
 from trtforge.errors import UserError, checked_call, is_int, shown
 from trtforge.llm import sizing
+from trtforge.llm.contract import DEFAULT_BLOCK_SIZE
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
 from trtforge.llm.executors.base import PoolAllocationError, StepExecutor
 from trtforge.llm.prompts import check_calib_prompts
@@ -385,7 +386,7 @@ def from_pretrained(
     model: Any,
     *,
     num_blocks: int | None = None,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     device: str | None = None,
     dtype: Any = None,
     max_model_len: int | None = None,

@@ -51,6 +51,7 @@ import torch
 from trtforge.core.cuda_capture import gc_paused
 from trtforge.errors import UserError
 from trtforge.kernels.configs import MAX_Q_LEN
+from trtforge.llm.contract import DEFAULT_BLOCK_SIZE
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, TokenFeed
 from trtforge.llm.executors.kv_cache import (
     KVScales,
@@ -160,7 +161,7 @@ class TorchExecutor:
         self,
         model: Any,
         num_blocks: int,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
