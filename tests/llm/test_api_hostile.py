@@ -307,3 +307,20 @@ def test_from_pretrained_takes_numpy_integers_as_every_integer_option_does() -> 
         with trtforge.llm.from_pretrained("tests.llm.tiny_models:llama_factory", **kwargs) as llm:
             outs.append(llm.generate([[1, 2, 3]], params)[0])
     assert len(outs[0]) == 3 and outs[1] == outs[0]
+
+
+def test_a_stop_token_id_the_model_never_samples_is_refused_as_the_server_refuses_it() -> None:
+    """The server answered 400 for stop_token_ids past the model's logits ("the model never samples
+    it"); the engine, under the Python API and generate, took them and the stop silently never fired."""
+    from tests.llm.serving_models import make_executor
+    from trtforge.llm.engine import LLMEngine
+
+    executor = make_executor(num_blocks=64)
+    vocab = executor.facts.vocab_size
+    with LLMEngine(executor) as engine:
+        with pytest.raises(
+            UserError, match=rf"stop_token_ids holds token id {vocab}, outside .* \[0, {vocab}\)"
+        ):
+            engine.submit([1, 2, 3], SamplingParams(stop_token_ids=[5, vocab], max_tokens=2))
+        out = engine.generate([[1, 2, 3]], SamplingParams(stop_token_ids=[vocab - 1], max_tokens=2))[0]
+        assert out.error is None

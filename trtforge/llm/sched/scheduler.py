@@ -154,6 +154,12 @@ class Scheduler:
                 f"request {request_id!r}: SamplingParams.logit_bias holds token id {int(bias[0].max())}, "
                 f"outside the model's logits [0, {width}); bias only ids below {width}"
             )
+        stops = [t for t in params.stop_token_ids if t >= width]
+        if stops:  # (as the server refuses them: a stop the model never samples never stops anything)
+            raise UserError(
+                f"request {request_id!r}: SamplingParams.stop_token_ids holds token id {stops[0]}, outside "
+                f"the model's logits [0, {width}): the model never samples it"
+            )
         if len(tokens) >= self.max_model_len:
             f = self.facts
             why = (
