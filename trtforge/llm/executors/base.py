@@ -326,13 +326,15 @@ class ExecutorFacts:
         kv_dtype: str,
         kv_element_bytes: int,
         kv_pool_bytes: int,
+        block_size: int | None = None,
     ) -> ExecutorFacts:
-        """The facts of an executor over a paged step graph or engine, whose generation metadata
-        (:mod:`trtforge.llm.contract`) gives the block size, vocabulary, EOS ids and pool shape."""
+        """The facts of an executor over a step graph or engine, whose generation metadata
+        (:mod:`trtforge.llm.contract`) gives the block size, vocabulary, EOS ids and pool shape;
+        `block_size` for a slot graph, whose block is a whole cache row (its max_seq)."""
         g = generation
         return cls(
             num_blocks=int(num_blocks),
-            block_size=int(g["cache"]["block_size"]),
+            block_size=int(g["cache"]["block_size"] if block_size is None else block_size),
             vocab_size=int(g["vocab_size"]),
             input_vocab_size=contract.input_vocab_size(g),
             max_model_len=int(max_model_len),

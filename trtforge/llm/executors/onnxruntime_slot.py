@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError, is_int
-from trtforge.llm import contract
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, check_max_model_len
 from trtforge.llm.executors.onnxruntime_exec import ORT_TYPES, allocate_pools, read_generation
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
@@ -138,16 +137,11 @@ class OrtSlotPoolExecutor:
         self.pools = allocate_pools(self.graph.cache_inputs, shape, self.graph.cache_dtype, int(num_blocks))
         self._outputs = {n: n.replace("_cache.", "_cache_out.") for n in self.graph.cache_inputs}
         dtype = np.dtype(self.graph.cache_dtype)
-        self.facts = ExecutorFacts(
+        self.facts = ExecutorFacts.of_step_graph(
+            g,
             num_blocks=int(num_blocks),
             block_size=max_seq,
-            vocab_size=int(g["vocab_size"]),
-            input_vocab_size=contract.input_vocab_size(g),
             max_model_len=max_model_len,
-            eos_token_ids=tuple(int(i) for i in g.get("eos_token_ids") or []),
-            num_layers=int(g["num_layers"]),
-            num_kv_heads=int(g["num_kv_heads"]),
-            head_dim=int(g["head_dim"]),
             kv_dtype=dtype.name,
             kv_element_bytes=dtype.itemsize,
             kv_pool_bytes=sum(p.nbytes for p in self.pools.values()),
