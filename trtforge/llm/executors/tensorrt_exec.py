@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.core.manifest import Manifest, ShapeRange, read_manifest
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.errors import TrtforgeError, UserError, is_int
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, check_max_model_len
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
@@ -263,11 +263,12 @@ class TrtPagedExecutor:
         g = spec.generation
         most = spec.engine_blocks - 1
         num_blocks = most if num_blocks is None else num_blocks
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or not 1 <= num_blocks <= most:
+        if not is_int(num_blocks) or not 1 <= num_blocks <= most:
             raise UserError(
                 f"num_blocks must be an integer in [1, {most}] ({spec.label} holds pools of {most} blocks "
                 f"plus one scratch block; rebuild with a larger --num-blocks for more), got {num_blocks!r}."
             )
+        num_blocks = int(num_blocks)
         max_model_len = check_max_model_len(max_model_len, int(g["max_seq"]), "the engine's --max-seq")
         self._num_blocks, self._max_model_len = num_blocks, max_model_len
         self._open(device)
