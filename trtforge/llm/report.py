@@ -68,7 +68,6 @@ DEFAULT_CHUNK = 64
 DEFAULT_PROMPT_LEN = 128
 DEFAULT_NEW_TOKENS = 32
 CALIB_PROMPTS, CALIB_LEN = 16, 128
-_STEP_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass
@@ -694,6 +693,7 @@ def _step_variant(
     its KV bytes a token from the graph's own generation record (the adapter's geometry at export)."""
     import onnx
 
+    from trtforge.core.tensor_spec import numpy_dtype_of
     from trtforge.llm import sizing
     from trtforge.llm.compile.compile import apply_precision
     from trtforge.llm.contract import generation_metadata, set_generation_metadata
@@ -730,7 +730,7 @@ def _step_variant(
     info.records = {k: _summary(v) for k, v in records.items()}
     sess = exact_session(proto)
     cache = (1, int(g["num_kv_heads"]), int(g["max_seq"]), int(g["head_dim"]))
-    dtype = np.float16 if g["cache"]["dtype"] == "float16" else np.float32
+    dtype = numpy_dtype_of(g["cache"]["dtype"], "the step graph's KV cache")
 
     def logits_of(i: int) -> np.ndarray:
         feeds = {
@@ -743,7 +743,7 @@ def _step_variant(
         return sess.run(["logits"], feeds)[0][0]
 
     layers, kv_heads, head_dim = int(g["num_layers"]), int(g["num_kv_heads"]), int(g["head_dim"])
-    kv_bytes = sizing.kv_block_bytes(layers, kv_heads, head_dim, 1, _STEP_BYTES.get(g["cache"]["dtype"], 4))
+    kv_bytes = sizing.kv_block_bytes(layers, kv_heads, head_dim, 1, dtype.itemsize)
     try:
         scores = _score(logits_of, w)
     except NonFiniteLogits as e:
