@@ -78,7 +78,7 @@ def test_an_interrupted_write_leaves_no_calib_cache_without_its_model(tmp_path, 
     """--calib-cache PATH (not there yet) is written with the model, in one set of renames. Before:
     calibrate_model renamed it into place first, so a Ctrl-C (or a failure) while the model was written
     left a new cache beside no model, and the next run read it and skipped statistics."""
-    import trtforge._fileio
+    import trtforge.core.onnx_io
 
     np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((8, 4, 32)).astype(np.float32))
     out, cache = tmp_path / "q.onnx", tmp_path / "my.cache"
@@ -87,7 +87,7 @@ def test_an_interrupted_write_leaves_no_calib_cache_without_its_model(tmp_path, 
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trtforge._fileio, "atomic_write_bytes", interrupted)
+    monkeypatch.setattr(trtforge.core.onnx_io, "save_onnx", interrupted)  # (the model's write)
     assert main([*argv, "--calib-cache", str(cache)]) == 130
     assert not out.exists() and not cache.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz", "mlp.onnx"]  # no staged files left

@@ -212,12 +212,29 @@ def test_stop_text_ends_the_line_and_is_not_printed(capsys):
 def test_the_cli_executor_flags_name_the_librarys_choices():
     """generate and serve share --executor, --quantization and --lm-head-quantization
     (cli.torch_options, kept light): their choices are the library's, and auto picks by MODEL's kind."""
+    from trtforge.cli import torch_options
     from trtforge.cli.torch_options import EXECUTORS, LM_HEAD_QUANTIZATIONS, QUANTIZATIONS, resolve_executor
     from trtforge.llm import service
+    from trtforge.llm.executors import kv_cache
     from trtforge.llm.quant import apply
 
     assert EXECUTORS == service.EXECUTORS and QUANTIZATIONS == apply.QUANTIZATIONS
     assert LM_HEAD_QUANTIZATIONS == apply.LM_HEAD_QUANTIZATIONS
+    assert torch_options.KV_CACHE_DTYPES == kv_cache.KV_CACHE_DTYPES
     models = ("m.engine", "step.onnx", "llama-dir", "pkg.mod:make")
     assert [resolve_executor(m, "auto") for m in models] == ["tensorrt", "onnxruntime", "torch", "torch"]
     assert resolve_executor("step.onnx", "torch") == "torch"
+
+
+def test_the_cli_takes_every_kv_cache_dtype_name_the_library_takes(capsys):
+    """from_pretrained(kv_cache_dtype="fp8_e4m3") (vLLM's spelling) was served while `--kv-cache-dtype
+    fp8_e4m3` exited 2 ("not one of 'auto', 'fp8'"): the flag's choices were a second list. Now the same
+    names, with the same meaning: the same tokens as --kv-cache-dtype fp8."""
+    from trtforge.cli.main import main
+
+    args = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2 3", "--max-tokens", "4"]
+    outs = []
+    for name in ("fp8", "fp8_e4m3", "float8_e4m3fn"):
+        assert main([*args, "--num-blocks", "16", "--kv-cache-dtype", name]) == 0, capsys.readouterr().err
+        outs.append(capsys.readouterr().out)
+    assert outs[0].strip() and outs[1:] == outs[:1] * 2

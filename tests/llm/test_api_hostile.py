@@ -3,6 +3,8 @@ naming the argument, never a hang, a deep torch trace or silently wrong output."
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.cli.test_generate_speculative import (
@@ -274,3 +276,51 @@ def test_text_stop_strings_are_refused_by_the_token_engine_not_ignored() -> None
             engine.generate([[1, 2], [3, 4]], [SamplingParams(), SamplingParams(stop=["x"])])
         out = engine.generate([[1, 2, 3]], SamplingParams(stop_sequences=[[5, 6]], max_tokens=3))[0]
         assert out.error is None and len(out.token_ids) <= 3
+
+
+@pytest.mark.parametrize("max_model_len", [0, 2.5, "64", "abc", 65])
+def test_paged_graph_refuses_max_model_len_as_slot_graphs_and_engines_do(paged_graph, max_model_len) -> None:
+    """One rule for every step graph's and engine's max_model_len: an integer in [2, max_seq]. Before, the
+    paged ONNX Runtime executor read ``int(max_model_len or max_seq)``: 0 served at max_seq, 2.5 at 2 and
+    "64" at 64 (the slot graph and the engine refused them), and "abc" raised a bare ValueError."""
+    import trtforge.llm
+
+    got = re.escape(repr(max_model_len))
+    message = rf"^max_model_len must be an integer in \[2, 64\] \(.*\), got {got}\.$"
+    with pytest.raises(UserError, match=message):
+        trtforge.llm.load(paged_graph, max_model_len=max_model_len)
+
+
+def test_from_pretrained_takes_numpy_integers_as_every_integer_option_does() -> None:
+    """An integer option of the API takes a NumPy integer (``errors.is_int``: SamplingParams, load's
+    num_blocks). from_pretrained checked its sizes with a copy that took Python ints only and refused
+    ``num_blocks=np.int64(16)`` as "must be an integer >= 1, got 16"."""
+    import numpy as np
+
+    import trtforge.llm
+
+    sizes = {"num_blocks": 16, "block_size": 4, "max_model_len": 32, "tensor_parallel_size": 1}
+    params = SamplingParams(max_tokens=3)
+    outs = []
+    for wrap in (int, np.int64):
+        kwargs = {k: wrap(v) for k, v in sizes.items()}
+        with trtforge.llm.from_pretrained("tests.llm.tiny_models:llama_factory", **kwargs) as llm:
+            outs.append(llm.generate([[1, 2, 3]], params)[0])
+    assert len(outs[0]) == 3 and outs[1] == outs[0]
+
+
+def test_a_stop_token_id_the_model_never_samples_is_refused_as_the_server_refuses_it() -> None:
+    """The server answered 400 for stop_token_ids past the model's logits ("the model never samples
+    it"); the engine, under the Python API and generate, took them and the stop silently never fired."""
+    from tests.llm.serving_models import make_executor
+    from trtforge.llm.engine import LLMEngine
+
+    executor = make_executor(num_blocks=64)
+    vocab = executor.facts.vocab_size
+    with LLMEngine(executor) as engine:
+        with pytest.raises(
+            UserError, match=rf"stop_token_ids holds token id {vocab}, outside .* \[0, {vocab}\)"
+        ):
+            engine.submit([1, 2, 3], SamplingParams(stop_token_ids=[5, vocab], max_tokens=2))
+        out = engine.generate([[1, 2, 3]], SamplingParams(stop_token_ids=[vocab - 1], max_tokens=2))[0]
+        assert out.error is None

@@ -252,3 +252,23 @@ def _check_the_served_capture(ex, pool, plan, config, settled_free) -> None:
     assert captured == ex.num_cuda_graphs + ex.num_piecewise_graphs, (
         "a step captured a graph the sizing missed"
     )
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        # a dynamic rotary serves twice max_position_embeddings: the pool was capped at half the sequences
+        ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}),
+        # MPT names its length max_seq_len: the cap read 2048 positions, 8x the 256 it serves
+        ("mpt", {}),
+    ],
+)
+def test_the_cpu_pool_holds_max_num_seqs_sequences_of_the_executors_own_length(family, overrides):
+    """The sizing caps a pool at max_num_seqs full-length sequences; "full length" is the executor's
+    max_model_len (the family adapter's length), which the sizing read again from the config itself."""
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm import from_pretrained
+
+    with from_pretrained(tiny_model(family, **overrides), max_num_seqs=2) as llm:
+        facts = llm.executor.facts
+        assert facts.num_blocks == 2 * -(-facts.max_model_len // facts.block_size), (facts, llm.pool_size)

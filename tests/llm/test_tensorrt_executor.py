@@ -257,6 +257,10 @@ def test_load_checks_limits_then_stops_at_the_gpu_gate(built):
         pytest.skip("a GPU TensorRT runs on is present: test_tensorrt_executor_matches_onnxruntime loads it")
     with pytest.raises(UserError, match="cannot run engines here"):
         trtforge.llm.load(engine)
+    # sizes as NumPy integers pass the limits as they do for a step graph (errors.is_int); before, the
+    # engine's check took Python ints only: "num_blocks must be an integer in [1, 32] ..., got np.int64(8)"
+    with pytest.raises(UserError, match="cannot run engines here"):
+        trtforge.llm.load(engine, num_blocks=np.int64(8), max_model_len=np.int64(16))
 
 
 @pytest.mark.trt_build

@@ -252,6 +252,19 @@ def test_unsupported_models_and_bad_sizes_are_user_errors():
         TorchExecutor(tiny_llama(), num_blocks=4, max_model_len=-1)
     with pytest.raises(UserError, match="num_blocks must be a positive integer"):
         TorchExecutor(tiny_llama(), num_blocks=0)
+    with pytest.raises(UserError, match="block_size must be a positive integer, got True"):
+        TorchExecutor(tiny_llama(), num_blocks=4, block_size=True)
+
+
+def test_sizes_take_numpy_integers_as_the_other_executors_do():
+    """errors.is_int, the API's one rule for an integer option: the ONNX Runtime and TensorRT executors
+    take np.int64 sizes; the torch executor refused them ("num_blocks must be a positive integer, got 8")."""
+    ex = TorchExecutor(
+        tiny_llama(), num_blocks=np.int64(8), block_size=np.int64(4), max_model_len=np.int64(32)
+    )
+    facts = ex.facts
+    assert (facts.num_blocks, facts.block_size, facts.max_model_len) == (8, 4, 32)
+    assert all(type(v) is int for v in (facts.num_blocks, facts.block_size, facts.max_model_len))
 
 
 @pytest.mark.parametrize(

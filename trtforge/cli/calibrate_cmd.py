@@ -85,7 +85,6 @@ def calibrate_cmd(
     from trtforge._custom_ops import refuse_unknown_to_onnxruntime
     from trtforge._fileio import (
         atomic_outputs,
-        atomic_write_bytes,
         atomic_write_text,
         check_distinct_outputs,
         check_output_path,
@@ -97,7 +96,6 @@ def calibrate_cmd(
     from trtforge.calibration.cache import Fingerprint, write_calibration_cache
     from trtforge.calibration.data import data_files, input_specs_from_model, load_dataset
     from trtforge.core.onnx_io import (
-        EXTERNAL_DATA_THRESHOLD,
         check_model,
         external_data_path,
         load_onnx,
@@ -174,10 +172,7 @@ def calibrate_cmd(
             only_real_tokens=real_tokens,
             progress=not quiet,
         )
-        if quantized.ByteSize() < EXTERNAL_DATA_THRESHOLD:
-            atomic_write_bytes(out, quantized.SerializeToString())
-        else:
-            save_onnx_atomic(quantized, out)  # > 2 GB: weights beside it in OUTPUT.data
+        save_onnx_atomic(quantized, out)  # (near 2 GB: weights beside it in OUTPUT.data)
         if default_cache:
             write_calibration_cache(
                 cache_path, record.activation_scales, method, Fingerprint(**record.cache["fingerprint"])

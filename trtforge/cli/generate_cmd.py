@@ -300,7 +300,7 @@ def _parse_logit_bias(values: tuple[str, ...]) -> dict[int, float] | None:
     """``--logit-bias ID=BIAS`` flags as {id: bias} (None when none); click.BadParameter (exit 2) naming
     the flag for a malformed or repeated entry (the range is SamplingParams', worded as the flag)."""
     from trtforge.errors import shown
-    from trtforge.llm.sampling import LOGIT_BIAS_LIMIT
+    from trtforge.llm.sampling import LOGIT_BIAS_LIMIT, token_id_of
 
     out: dict[int, float] = {}
     for text in values:
@@ -310,18 +310,19 @@ def _parse_logit_bias(values: tuple[str, ...]) -> dict[int, float] | None:
         except ValueError:
             bias = None
         in_range = bias is not None and -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT  # (NaN is not)
-        if not sep or not re.fullmatch(r"\s*[0-9]{1,12}\s*", key) or not in_range:
+        token = token_id_of(key.strip())
+        if not sep or token is None or not in_range:
             raise click.BadParameter(
-                f"{shown(text)}: expected ID=BIAS, a token id >= 0 and a number in [-100, 100], e.g. 13=-100 "
-                "(bans token 13) or 13=100 (all but forces it)",
+                f"{shown(text)}: expected ID=BIAS, a token id >= 0 and a number in [-{LOGIT_BIAS_LIMIT:g}, "
+                f"{LOGIT_BIAS_LIMIT:g}], e.g. 13=-100 (bans token 13) or 13=100 (all but forces it)",
                 param_hint="'--logit-bias'",
             )
-        if int(key) in out:
+        if token in out:
             raise click.BadParameter(
-                f"{shown(text)}: token {int(key)} is biased twice; give each token id once",
+                f"{shown(text)}: token {token} is biased twice; give each token id once",
                 param_hint="'--logit-bias'",
             )
-        out[int(key)] = bias
+        out[token] = bias
     return out or None
 
 

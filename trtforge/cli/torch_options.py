@@ -12,6 +12,8 @@ import click
 QUANTIZATIONS = ("fp8", "int4-awq", "int4-rtn")  # trtforge.llm.quant.QUANTIZATIONS (kept light here)
 LM_HEAD_QUANTIZATIONS = ("fp8",)  # trtforge.llm.quant.LM_HEAD_QUANTIZATIONS
 EXECUTORS = ("auto", "onnxruntime", "tensorrt", "torch")  # trtforge.llm.service.EXECUTORS
+# trtforge.llm.executors.kv_cache.KV_CACHE_DTYPES: every name kv_cache_dtype takes
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "float8_e4m3fn")
 _BY_SUFFIX = {".engine": "tensorrt", ".onnx": "onnxruntime"}
 
 
@@ -55,11 +57,11 @@ def torch_executor_options(fn: Callable) -> Callable:
     )(fn)
     fn = click.option(
         "--kv-cache-dtype",
-        type=click.Choice(["auto", "fp8"]),
+        type=click.Choice(KV_CACHE_DTYPES),
         default="auto",
         show_default=True,
-        help="torch executor KV cache: auto = the model's dtype; fp8 = E4M3 pools with per-layer scales "
-        "(half BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
+        help="torch executor KV cache: auto = the model's dtype; fp8 (or fp8_e4m3, float8_e4m3fn) = E4M3 "
+        "pools with per-layer scales (half BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
     )(fn)
     fn = click.option(
         "--lm-head-quantization",

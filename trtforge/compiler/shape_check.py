@@ -19,8 +19,9 @@ import numpy as np
 from trtforge.core.manifest import ShapeRange
 from trtforge.core.shapes import format_range
 from trtforge.errors import UserError
+from trtforge.passes.verify import VERIFY_MAX_BYTES
 
-MAX_WEIGHT_BYTES = 2 << 30  # the same threshold as pass verification: ORT time and memory grow with it
+MAX_WEIGHT_BYTES = VERIFY_MAX_BYTES  # pass verification's threshold: ORT time and memory grow with it
 SEARCH_RUNS = 8  # runs spent finding a --shape that works, once MIN or MAX failed
 
 

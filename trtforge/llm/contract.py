@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     import onnx
 
 METADATA_KEY = GENERATION_KEY
+# tokens a KV block holds unless told otherwise: a paged step graph's pools (compile --generate
+# --cache-layout paged) and the torch executor's alike
+DEFAULT_BLOCK_SIZE = 16
 
 _STEP_INPUTS = ["input_ids", "position_ids", "past_lens", "new_lens"]
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from trtforge._fileio import as_path, refuse_overwriting_inputs, work_directory
 from trtforge.errors import UserError, shown
+from trtforge.llm.contract import DEFAULT_BLOCK_SIZE
 from trtforge.reports.results import FAILED, NOT_RUN, OK, LmQuality, LmSpeed, Report, TargetInfo
 
 # variant -> from_pretrained options (beyond dtype); the reference is "bf16" on a GPU, "fp32" on the CPU
@@ -66,9 +67,7 @@ DEFAULT_WINDOW_LEN = 256
 DEFAULT_CHUNK = 64
 DEFAULT_PROMPT_LEN = 128
 DEFAULT_NEW_TOKENS = 32
-_BLOCK_SIZE = 16  # tokens a KV block of the serving variants' pools
 CALIB_PROMPTS, CALIB_LEN = 16, 128
-_STEP_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass
@@ -229,7 +228,8 @@ def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
 def _pool_blocks(windows: int, window_len: int, batch: int, speed_len: int) -> int:
     """KV blocks of a serving variant's pool: every window's at once, the largest batch's requests of
     `speed_len` tokens at once, and two spare."""
-    return windows * _blocks(window_len, _BLOCK_SIZE) + batch * _blocks(speed_len, _BLOCK_SIZE) + 2
+    bs = DEFAULT_BLOCK_SIZE
+    return windows * _blocks(window_len, bs) + batch * _blocks(speed_len, bs) + 2
 
 
 def _check_memory_fits(
@@ -265,8 +265,8 @@ def _check_memory_fits(
         n: kv_element_bytes(SERVING_VARIANTS[n].get("kv_cache_dtype", "auto"), dtypes[n]) for n in serving
     }
     widest = max(serving, key=lambda n: kv_bytes[n])
-    block = model_kv_block_bytes(lm, _BLOCK_SIZE, kv_bytes[widest])
-    speed_kv = batch * _blocks(prompt_len + new_tokens, _BLOCK_SIZE) * block
+    block = model_kv_block_bytes(lm, DEFAULT_BLOCK_SIZE, kv_bytes[widest])
+    speed_kv = batch * _blocks(prompt_len + new_tokens, DEFAULT_BLOCK_SIZE) * block
     window_kv = _pool_blocks(windows, window_len, batch, prompt_len + new_tokens) * block - speed_kv
     weights = sum(p.numel() for p in lm.parameters()) * max(d.itemsize for d in dtypes.values())
     parts = {
@@ -600,7 +600,7 @@ def _serving_variant(
     t0 = time.perf_counter()
     length = w.tokens.shape[1]
     speed_len = (speed_args or {}).get("prompt_len", 0) + (speed_args or {}).get("new_tokens", 0)
-    bs = _BLOCK_SIZE
+    bs = DEFAULT_BLOCK_SIZE
     need = _pool_blocks(w.tokens.shape[0], length, max((speed_args or {}).get("batch_sizes", [1])), speed_len)
     src = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     try:
@@ -693,6 +693,7 @@ def _step_variant(
     its KV bytes a token from the graph's own generation record (the adapter's geometry at export)."""
     import onnx
 
+    from trtforge.core.tensor_spec import numpy_dtype_of
     from trtforge.llm import sizing
     from trtforge.llm.compile.compile import apply_precision
     from trtforge.llm.contract import generation_metadata, set_generation_metadata
@@ -729,7 +730,7 @@ def _step_variant(
     info.records = {k: _summary(v) for k, v in records.items()}
     sess = exact_session(proto)
     cache = (1, int(g["num_kv_heads"]), int(g["max_seq"]), int(g["head_dim"]))
-    dtype = np.float16 if g["cache"]["dtype"] == "float16" else np.float32
+    dtype = numpy_dtype_of(g["cache"]["dtype"], "the step graph's KV cache")
 
     def logits_of(i: int) -> np.ndarray:
         feeds = {
@@ -742,7 +743,7 @@ def _step_variant(
         return sess.run(["logits"], feeds)[0][0]
 
     layers, kv_heads, head_dim = int(g["num_layers"]), int(g["num_kv_heads"]), int(g["head_dim"])
-    kv_bytes = sizing.kv_block_bytes(layers, kv_heads, head_dim, 1, _STEP_BYTES.get(g["cache"]["dtype"], 4))
+    kv_bytes = sizing.kv_block_bytes(layers, kv_heads, head_dim, 1, dtype.itemsize)
     try:
         scores = _score(logits_of, w)
     except NonFiniteLogits as e:

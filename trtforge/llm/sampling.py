@@ -11,6 +11,7 @@ share the batch.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -48,6 +49,16 @@ LOGIT_BIAS_LIMIT = 100.0
 # logit_bias ids are int64 on the host and the device (an id of 2**64 raised OverflowError when the
 # request was queued); the engine then refuses one past its model's vocabulary
 MAX_TOKEN_ID = 2**63 - 1
+# digits of a token id written as text (a server's logit_bias key, --logit-bias ID=BIAS): any vocabulary's
+# ids fit, and int() never meets a 4,300-digit string
+MAX_TOKEN_ID_DIGITS = 12
+_TOKEN_ID_TEXT = re.compile(f"[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}")
+
+
+def token_id_of(text: str) -> int | None:
+    """The token id `text` spells (decimal digits only, at most :data:`MAX_TOKEN_ID_DIGITS`), else None:
+    the one reading of a logit_bias key for the server and ``generate --logit-bias``."""
+    return int(text) if _TOKEN_ID_TEXT.fullmatch(text) else None
 
 
 def _is_number(x: object) -> bool:

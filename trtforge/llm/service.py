@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtforge.errors import UserError, checked_call, shown
+from trtforge.errors import UserError, checked_call, is_int, shown
 from trtforge.llm import sizing
+from trtforge.llm.contract import DEFAULT_BLOCK_SIZE
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
 from trtforge.llm.executors.base import PoolAllocationError, StepExecutor
 from trtforge.llm.prompts import check_calib_prompts
@@ -242,7 +243,7 @@ def load(
                 f"{name}={shown(value)} applies to the torch executor (executor='torch' or "
                 "trtforge.llm.from_pretrained); compiled step graphs and engines carry their own precision."
             )
-    if not _is_int(tensor_parallel_size) or tensor_parallel_size < 1:  # (was "0 needs the torch executor")
+    if not is_int(tensor_parallel_size) or tensor_parallel_size < 1:  # (was "0 needs the torch executor")
         raise UserError(
             "tensor_parallel_size must be an integer >= 1 (2 or more splits the model, on the torch "
             f"executor), got {shown(tensor_parallel_size)}."
@@ -385,7 +386,7 @@ def from_pretrained(
     model: Any,
     *,
     num_blocks: int | None = None,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     device: str | None = None,
     dtype: Any = None,
     max_model_len: int | None = None,
@@ -449,6 +450,9 @@ def from_pretrained(
         tensor_parallel_size=tensor_parallel_size,
         calib_prompts=calib_prompts,
     )
+    block_size, tensor_parallel_size = int(block_size), int(tensor_parallel_size)  # (NumPy integers too)
+    num_blocks = None if num_blocks is None else int(num_blocks)
+    max_model_len = None if max_model_len is None else int(max_model_len)
     spec = SpeculativeConfig.of(speculative)
     check_quantization(quantization)
     check_lm_head_quantization(lm_head_quantization)
@@ -579,10 +583,6 @@ def allocation_failure(exc: BaseException) -> bool:
     return any(s in text for s in _ALLOCATION_FAILURES)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_torch_options(
     *,
     device: Any,
@@ -598,14 +598,14 @@ def check_torch_options(
     RuntimeError for device 'bogus' or a float calibration prompt, to()'s signature dump for a dtype
     given as a string). Returns `dtype` as a torch.dtype (a name such as "bfloat16" is accepted)."""
     for name, value, low in (("block_size", block_size, 1), ("num_blocks", num_blocks, 1)):
-        if value is not None and (not _is_int(value) or value < low):
+        if value is not None and (not is_int(value) or value < low):
             raise UserError(f"{name} must be an integer >= {low}, got {shown(value)}.")
-    if max_model_len is not None and (not _is_int(max_model_len) or max_model_len < 2):
+    if max_model_len is not None and (not is_int(max_model_len) or max_model_len < 2):
         raise UserError(
             f"max_model_len must be None or an integer >= 2 (a prompt token and a new one), got "
             f"{shown(max_model_len)}."
         )
-    if not _is_int(tensor_parallel_size) or tensor_parallel_size < 1:
+    if not is_int(tensor_parallel_size) or tensor_parallel_size < 1:
         raise UserError(
             f"tensor_parallel_size must be an integer >= 1 (2 or more splits the model), got "
             f"{shown(tensor_parallel_size)}."

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtforge.errors import UserError
+from trtforge.llm.executors.base import kv_block_bytes
 from trtforge.llm.sched.scheduler import SchedulerConfig
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -95,11 +96,6 @@ def default_scheduler_config(
         config = dataclasses.replace(config, max_num_seqs=max_num_seqs)
     config.validate()
     return config
-
-
-def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, itemsize: int) -> int:
-    """Bytes one block takes over every layer: its K and its V, ``block_size`` tokens of Hkv x D each."""
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
 
 def check_utilization(value: float) -> float:
@@ -259,6 +255,7 @@ def torch_pool(
 
     from trtforge.llm.executors.kv_cache import kv_element_bytes
     from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.models.families import adapter_for
 
     check_utilization(gpu_memory_utilization)
     if graphs is True:
@@ -266,9 +263,10 @@ def torch_pool(
     if device is not None or dtype is not None:
         lm.to(device=device, dtype=dtype)
     param = next(lm.parameters())
-    cfg = lm.config
-    positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048)
-    need = blocks_for_sequences(config.max_num_seqs, int(max_model_len or positions), block_size)
+    # the executor's own default length: the family adapter's (a dynamic rotary's scaled length, MPT's
+    # max_seq_len), not the config's max_position_embeddings (a fixed 2048 where a config has none)
+    longest = adapter_for(lm, "the torch executor").max_length
+    need = blocks_for_sequences(config.max_num_seqs, int(max_model_len or longest), block_size)
     world = 1 if tensor_parallel is None else int(tensor_parallel.world)
     itemsize = kv_element_bytes(kv_cache_dtype, param.dtype)
     block_bytes = model_kv_block_bytes(lm, block_size, itemsize)

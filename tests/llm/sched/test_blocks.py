@@ -145,10 +145,36 @@ def test_random_workload_keeps_invariants():
     assert bm.num_free_blocks == 40
 
 
-@pytest.mark.parametrize("kwargs", [{"num_blocks": 0, "block_size": 4}, {"num_blocks": 4, "block_size": 0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_blocks": 0, "block_size": 4},
+        {"num_blocks": 4, "block_size": 0},
+        # (before: True passed isinstance(value, int) and made a pool of one block, or blocks of one token)
+        {"num_blocks": True, "block_size": 4},
+        {"num_blocks": 4, "block_size": True},
+    ],
+)
 def test_bad_configuration_is_a_user_error(kwargs):
     with pytest.raises(UserError, match="must be a positive integer"):
         BlockManager(**kwargs)
+
+
+def test_sizes_take_numpy_integers_as_every_integer_option_does():
+    """errors.is_int, the API's one rule for an integer option: SchedulerConfig refused np.int64 sizes
+    ("must be an integer in [1, 65,536], got 4") that the executors take; both store Python ints."""
+    import numpy as np
+
+    from trtforge.llm import SchedulerConfig
+
+    config = SchedulerConfig(
+        max_num_seqs=np.int64(4), max_prefill_chunk=np.int32(8), max_model_len=np.int64(32)
+    )
+    config.validate()
+    assert (config.max_num_seqs, config.max_prefill_chunk, config.max_model_len) == (4, 8, 32)
+    assert all(type(v) is int for v in (config.max_num_seqs, config.max_prefill_chunk, config.max_model_len))
+    bm = BlockManager(num_blocks=np.int64(8), block_size=np.int64(4))
+    assert (type(bm.num_blocks), type(bm.block_size), bm.num_free_blocks) == (int, int, 8)
 
 
 def test_a_prefix_being_computed_is_reported_in_flight_until_written_or_dropped():

@@ -597,6 +597,8 @@ CHAT = b'"messages": [{"role": "user", "content": "hi"}]'
         (b'{"1.0": 1}', "is not a token id"),
         (b'{" 13": 1}', "is not a token id"),
         (b'{"1234567890123": 1}', "is not a token id"),
+        # (before: the later of two spellings of one id won, silently; generate --logit-bias refused it)
+        (b'{"13": 1, "013": -100}', "token 13 is biased twice"),
         (b'{"13": 100.5}', "expected a number in [-100, 100]"),
         (b'{"13": -101}', "expected a number in [-100, 100]"),
         (b'{"13": 1, "4096": -100}', "outside the model's vocabulary [0, 4096)"),

@@ -163,6 +163,18 @@ def test_bad_speculative_options_are_refused_clearly(value, match):
         SpeculativeConfig.of(value)
 
 
+def test_speculative_sizes_take_numpy_integers_as_every_integer_option_does():
+    """errors.is_int: SpeculativeConfig refused {"num_tokens": np.int64(4)} ("must be an integer in
+    [1, 16], got np.int64(4)") where from_pretrained's own sizes take it; kept as Python ints."""
+    import numpy as np
+
+    spec = SpeculativeConfig.of(
+        {"method": "draft", "model": "d", "num_tokens": np.int64(4), "num_blocks": np.int32(8)}
+    )
+    assert (spec.num_tokens, spec.num_blocks) == (4, 8)
+    assert type(spec.num_tokens) is int and type(spec.num_blocks) is int
+
+
 @pytest.mark.parametrize("executor", ["auto", "onnxruntime"])
 def test_speculation_asked_of_a_torch_model_under_another_executor_says_pass_torch(tmp_path, executor):
     """llm.load(DIR, speculative=...) (executor "auto") was told DIR "runs on executor 'auto'" and to "serve

@@ -22,6 +22,7 @@ from trtforge.errors import ExportError, UserError
 from trtforge.llm.compile import ops
 from trtforge.llm.compile.step import DecoderStep, PagedDecoderStep
 from trtforge.llm.contract import (
+    DEFAULT_BLOCK_SIZE,
     input_names,
     output_names,
     paged_input_names,
@@ -34,7 +35,6 @@ from trtforge.numerics.sessions import exact_session
 EXPORTERS = ("dynamo", "legacy")
 DEFAULT_MAX_SEQ = 2048
 CACHE_LAYOUTS = ("slot", "paged")
-DEFAULT_BLOCK_SIZE = 16
 # ORT vs torch on the export's example inputs: both FP32, same math; a bound well above rounding noise.
 EXPORT_ATOL = 1e-4
 

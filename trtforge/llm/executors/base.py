@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.errors import TrtforgeError, UserError, is_int
 from trtforge.llm import contract
 
 
@@ -222,6 +222,22 @@ class AsyncStepExecutor(StepExecutor, Protocol):
         ...
 
 
+def check_max_model_len(value: Any, max_seq: int, why: str) -> int:
+    """`value` (None: `max_seq`) as the longest sequence an executor over a step graph or engine serves;
+    UserError unless it is an integer in [2, `max_seq`] (`why` says where max_seq comes from). One rule for
+    every such executor: the paged one had turned 0 into max_seq and 2.5 into 2."""
+    value = max_seq if value is None else value
+    if not is_int(value) or not 2 <= value <= max_seq:
+        raise UserError(f"max_model_len must be an integer in [2, {max_seq}] ({why}), got {value!r}.")
+    return int(value)
+
+
+def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, itemsize: int) -> int:
+    """Bytes one block takes over every layer: its K and its V, ``block_size`` tokens of Hkv x D each (the
+    sizing's blocks and :attr:`ExecutorFacts.kv_bytes_per_token` alike)."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+
 def supports_async(executor: object) -> bool:
     """Whether `executor`'s class defines ``step_async``.
 
@@ -298,7 +314,7 @@ class ExecutorFacts:
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes one token's keys and values take over every layer."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_element_bytes
+        return kv_block_bytes(self.num_layers, self.num_kv_heads, self.head_dim, 1, self.kv_element_bytes)
 
     @classmethod
     def of_step_graph(
@@ -310,13 +326,15 @@ class ExecutorFacts:
         kv_dtype: str,
         kv_element_bytes: int,
         kv_pool_bytes: int,
+        block_size: int | None = None,
     ) -> ExecutorFacts:
-        """The facts of an executor over a paged step graph or engine, whose generation metadata
-        (:mod:`trtforge.llm.contract`) gives the block size, vocabulary, EOS ids and pool shape."""
+        """The facts of an executor over a step graph or engine, whose generation metadata
+        (:mod:`trtforge.llm.contract`) gives the block size, vocabulary, EOS ids and pool shape;
+        `block_size` for a slot graph, whose block is a whole cache row (its max_seq)."""
         g = generation
         return cls(
             num_blocks=int(num_blocks),
-            block_size=int(g["cache"]["block_size"]),
+            block_size=int(g["cache"]["block_size"] if block_size is None else block_size),
             vocab_size=int(g["vocab_size"]),
             input_vocab_size=contract.input_vocab_size(g),
             max_model_len=int(max_model_len),

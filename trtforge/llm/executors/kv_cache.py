@@ -20,8 +20,9 @@ import torch
 from trtforge.errors import UserError
 from trtforge.kernels.kv_quant import FP8_KV_DTYPE, FP8_MAX, dequantize, quantize_fp8
 
-KV_CACHE_DTYPES = ("auto", "fp8")
+# every name ``kv_cache_dtype`` takes (vLLM's spellings of E4M3 included) -> its canonical name
 _ALIASES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8"}
+KV_CACHE_DTYPES = tuple(_ALIASES)
 # Calibration without prompts: this many sequences of this many token ids drawn uniformly (seeded).
 DEFAULT_CALIB_SEQS = 4
 DEFAULT_CALIB_LEN = 512

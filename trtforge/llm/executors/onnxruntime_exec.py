@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
-from trtforge.llm.executors.base import ExecutorFacts, PoolAllocationError, StepBatch
+from trtforge.errors import UserError, is_int
+from trtforge.llm.executors.base import ExecutorFacts, PoolAllocationError, StepBatch, check_max_model_len
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
 ORT_TYPES = {
@@ -72,16 +72,12 @@ class OrtPagedExecutor:
             )
         self.generation = g
         self._block_size = int(cache["block_size"])
-        self._max_model_len = int(max_model_len or g["max_seq"])
+        why = "the step graph's max_seq, which its positions were checked against"
+        self._max_model_len = check_max_model_len(max_model_len, int(g["max_seq"]), why)
         if num_blocks is None:
             num_blocks = int(g["max_batch"]) * -(-int(g["max_seq"]) // self._block_size)
-        if not isinstance(num_blocks, (int, np.integer)) or isinstance(num_blocks, bool) or num_blocks < 1:
+        if not is_int(num_blocks) or num_blocks < 1:
             raise UserError(f"num_blocks must be an integer >= 1, got {num_blocks!r}.")
-        if not isinstance(self._max_model_len, int) or not 2 <= self._max_model_len <= int(g["max_seq"]):
-            raise UserError(
-                f"max_model_len must be an integer in [2, {g['max_seq']}] (the step graph's max_seq, which "
-                f"its positions were checked against); got {max_model_len!r}."
-            )
         self._num_blocks = int(num_blocks)
         self.session = exact_session(self.path)
         inputs = {i.name: i for i in self.session.get_inputs()}

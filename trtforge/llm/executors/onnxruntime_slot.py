@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
-from trtforge.llm import contract
-from trtforge.llm.executors.base import ExecutorFacts, StepBatch
+from trtforge.errors import UserError, is_int
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch, check_max_model_len
 from trtforge.llm.executors.onnxruntime_exec import ORT_TYPES, allocate_pools, read_generation
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
@@ -124,14 +123,10 @@ class OrtSlotPoolExecutor:
         self.generation = g
         # a block is a cache row of max_seq tokens: each running sequence holds one
         max_seq = self.graph.max_seq
-        max_model_len = max_seq if max_model_len is None else max_model_len
-        if not isinstance(max_model_len, int) or not 2 <= max_model_len <= max_seq:
-            raise UserError(
-                f"max_model_len must be an integer in [2, {max_seq}] (the step graph's max_seq, the "
-                f"length of its cache rows); got {max_model_len!r}."
-            )
+        why = "the step graph's max_seq, the length of its cache rows"
+        max_model_len = check_max_model_len(max_model_len, max_seq, why)
         num_blocks = self.graph.max_batch if num_blocks is None else num_blocks
-        if not isinstance(num_blocks, (int, np.integer)) or isinstance(num_blocks, bool) or num_blocks < 1:
+        if not is_int(num_blocks) or num_blocks < 1:
             raise UserError(
                 f"num_blocks must be an integer >= 1 (slot-cache rows: one per running sequence), got "
                 f"{num_blocks!r}."
@@ -142,16 +137,11 @@ class OrtSlotPoolExecutor:
         self.pools = allocate_pools(self.graph.cache_inputs, shape, self.graph.cache_dtype, int(num_blocks))
         self._outputs = {n: n.replace("_cache.", "_cache_out.") for n in self.graph.cache_inputs}
         dtype = np.dtype(self.graph.cache_dtype)
-        self.facts = ExecutorFacts(
+        self.facts = ExecutorFacts.of_step_graph(
+            g,
             num_blocks=int(num_blocks),
             block_size=max_seq,
-            vocab_size=int(g["vocab_size"]),
-            input_vocab_size=contract.input_vocab_size(g),
             max_model_len=max_model_len,
-            eos_token_ids=tuple(int(i) for i in g.get("eos_token_ids") or []),
-            num_layers=int(g["num_layers"]),
-            num_kv_heads=int(g["num_kv_heads"]),
-            head_dim=int(g["head_dim"]),
             kv_dtype=dtype.name,
             kv_element_bytes=dtype.itemsize,
             kv_pool_bytes=sum(p.nbytes for p in self.pools.values()),

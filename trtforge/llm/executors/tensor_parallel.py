@@ -31,6 +31,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from trtforge.errors import UserError
+from trtforge.llm.contract import DEFAULT_BLOCK_SIZE
 from trtforge.llm.executors.base import ExecutorFacts, ExecutorLostError, StepBatch
 
 #: rows of rank 0's first shared logits buffer (it grows when a step asks for more)
@@ -136,7 +137,7 @@ class TensorParallelExecutor:
         world: int,
         *,
         num_blocks: int | None,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         device: str | None = None,
         dtype: Any = None,
         max_model_len: int | None = None,

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from trtforge.core.manifest import Manifest, ShapeRange, read_manifest, settle_for_reading
-from trtforge.errors import TrtforgeError, UserError
-from trtforge.llm.executors.base import ExecutorFacts, StepBatch
+from trtforge.errors import TrtforgeError, UserError, is_int
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch, check_max_model_len
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
 PHASES = ("prefill", "decode")
@@ -264,17 +264,13 @@ class TrtPagedExecutor:
         g = spec.generation
         most = spec.engine_blocks - 1
         num_blocks = most if num_blocks is None else num_blocks
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or not 1 <= num_blocks <= most:
+        if not is_int(num_blocks) or not 1 <= num_blocks <= most:
             raise UserError(
                 f"num_blocks must be an integer in [1, {most}] ({spec.label} holds pools of {most} blocks "
                 f"plus one scratch block; rebuild with a larger --num-blocks for more), got {num_blocks!r}."
             )
-        max_model_len = int(g["max_seq"]) if max_model_len is None else max_model_len
-        if not isinstance(max_model_len, int) or not 2 <= max_model_len <= int(g["max_seq"]):
-            raise UserError(
-                f"max_model_len must be an integer in [2, {g['max_seq']}] (the engine's --max-seq), "
-                f"got {max_model_len!r}."
-            )
+        num_blocks = int(num_blocks)
+        max_model_len = check_max_model_len(max_model_len, int(g["max_seq"]), "the engine's --max-seq")
         self._num_blocks, self._max_model_len = num_blocks, max_model_len
         self._open(device)
         pools = (*self.pools.values(), *self._spare.values())

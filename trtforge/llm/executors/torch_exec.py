@@ -49,8 +49,9 @@ import numpy as np
 import torch
 
 from trtforge.core.cuda_capture import gc_paused
-from trtforge.errors import UserError
+from trtforge.errors import UserError, is_int
 from trtforge.kernels.configs import MAX_Q_LEN
+from trtforge.llm.contract import DEFAULT_BLOCK_SIZE
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, TokenFeed
 from trtforge.llm.executors.kv_cache import (
     KVScales,
@@ -120,11 +121,13 @@ def _bucket(n: int, buckets: Any) -> int:
     raise ValueError(f"{n} is above the largest bucket {buckets[-1]}")
 
 
-def _check_sizes(**sizes: int | None) -> None:
-    """UserError naming the first size that is not a positive integer (None: not given)."""
+def _check_sizes(**sizes: int | None) -> list[int | None]:
+    """The sizes as Python ints (None: not given), in order; UserError naming the first that is not a
+    positive integer (:func:`~trtforge.errors.is_int`: NumPy integers too, not bools)."""
     for name, value in sizes.items():
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if value is not None and (not is_int(value) or value < 1):
             raise UserError(f"TorchExecutor {name} must be a positive integer, got {value!r}")
+    return [None if v is None else int(v) for v in sizes.values()]
 
 
 class TorchExecutor:
@@ -160,7 +163,7 @@ class TorchExecutor:
         self,
         model: Any,
         num_blocks: int,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
@@ -181,7 +184,7 @@ class TorchExecutor:
         self.tensor_parallel = tensor_parallel
         if tensor_parallel is not None:
             adapter.shard(tensor_parallel)  # this rank's heads and weights (once per model)
-        _check_sizes(
+        num_blocks, block_size, max_graph_tokens, max_model_len, max_decode_batch = _check_sizes(
             num_blocks=num_blocks,
             block_size=block_size,
             max_graph_tokens=max_graph_tokens,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.errors import TrtforgeError, UserError, is_int
 
 _ROOT_DIGEST = b"trtforge-kv-root"
 
@@ -96,12 +96,12 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
-        if not isinstance(num_blocks, int) or num_blocks < 1:
+        if not is_int(num_blocks) or num_blocks < 1:
             raise UserError(f"num_blocks must be a positive integer, got {num_blocks!r}")
-        if not isinstance(block_size, int) or block_size < 1:
+        if not is_int(block_size) or block_size < 1:
             raise UserError(f"block_size must be a positive integer, got {block_size!r}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        self.num_blocks = num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
         self.enable_prefix_caching = enable_prefix_caching
         self._refcount = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))

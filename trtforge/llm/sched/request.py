@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.errors import TrtforgeError, UserError, is_int
 from trtforge.llm.sampling import SamplingParams
 
 
@@ -139,14 +139,16 @@ class SchedulerConfig:
             ("max_prefill_tokens_with_decodes", MAX_BATCHED_TOKENS),
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+            if not is_int(value) or not 1 <= value <= most:
                 raise UserError(f"SchedulerConfig.{name} must be an integer in [1, {most:,}], got {value!r}")
+            setattr(self, name, int(value))
         if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
             raise UserError(f"SchedulerConfig.watermark must be a fraction in [0, 1), got {self.watermark!r}")
-        if self.max_model_len is not None and (
-            not isinstance(self.max_model_len, int) or self.max_model_len < 2
-        ):
-            raise UserError(f"SchedulerConfig.max_model_len must be None or >= 2, got {self.max_model_len!r}")
+        length = self.max_model_len
+        if length is not None:
+            if not is_int(length) or length < 2:
+                raise UserError(f"SchedulerConfig.max_model_len must be None or >= 2, got {length!r}")
+            self.max_model_len = int(length)
         for name in ("reserve_max_tokens", "fill_step_buckets"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"SchedulerConfig.{name} must be a bool, got {getattr(self, name)!r}")

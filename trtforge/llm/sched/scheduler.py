@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, is_int
 from trtforge.llm.executors.base import StepExecutor
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import BlockManager, MemoryStats, NoFreeBlocksError
@@ -54,11 +54,6 @@ __all__ = [
     "StepFailedError",
     "StepPlan",
 ]
-
-
-def _token(t: object) -> bool:
-    """Whether `t` can be a token id: an int or numpy integer, not a bool."""
-    return isinstance(t, (int, np.integer)) and not isinstance(t, bool)
 
 
 class Scheduler:
@@ -134,7 +129,7 @@ class Scheduler:
             tokens = None
         # the common prompt is plain ints: one pass in C (type() is exact: a bool is not an int here)
         if tokens is None or set(map(type, tokens)) - {int}:
-            bad = None if tokens is None else next((i for i, t in enumerate(tokens) if not _token(t)), None)
+            bad = None if tokens is None else next((i for i, t in enumerate(tokens) if not is_int(t)), None)
             if tokens is None or bad is not None:
                 got = type(prompt).__name__  # (else: the first element that is no token id, by position)
                 if tokens is not None and bad is not None:
@@ -158,6 +153,12 @@ class Scheduler:
             raise UserError(
                 f"request {request_id!r}: SamplingParams.logit_bias holds token id {int(bias[0].max())}, "
                 f"outside the model's logits [0, {width}); bias only ids below {width}"
+            )
+        stops = [t for t in params.stop_token_ids if t >= width]
+        if stops:  # (as the server refuses them: a stop the model never samples never stops anything)
+            raise UserError(
+                f"request {request_id!r}: SamplingParams.stop_token_ids holds token id {stops[0]}, outside "
+                f"the model's logits [0, {width}): the model never samples it"
             )
         if len(tokens) >= self.max_model_len:
             f = self.facts

@@ -26,7 +26,16 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trtforge.errors import shown, shown_name
-from trtforge.llm.sampling import LOGIT_BIAS_LIMIT, SEED_MAX, SEED_MIN, SamplingParams, child_seed
+from trtforge.llm.sampling import (
+    LOGIT_BIAS_LIMIT,
+    MAX_LOGPROBS,
+    MAX_TOKEN_ID_DIGITS,
+    SEED_MAX,
+    SEED_MIN,
+    SamplingParams,
+    child_seed,
+    token_id_of,
+)
 
 
 class ApiError(Exception):
@@ -407,7 +416,7 @@ _Prompt = Annotated[
 
 class CompletionRequest(_Sampling):
     prompt: _Prompt
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None
@@ -495,7 +504,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     tools: list[Any] | None = None
     functions: list[Any] | None = None
@@ -701,20 +710,17 @@ def response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     return out
 
 
-# digits of a logit_bias key at most: any vocabulary's ids fit, and int() never meets a 4,300-digit string
-MAX_TOKEN_ID_DIGITS = 12
-_TOKEN_ID = re.compile(f"[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}")
-
-
 def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's ``logit_bias`` (``{"13": -100}``: token ids as decimal strings, biases in [-100, 100])
-    as SamplingParams takes it, None when empty; ApiError 400 naming ``logit_bias`` and the bad entry.
-    Ids past the model's vocabulary are refused when the request is queued (the engine knows it)."""
+    as SamplingParams takes it, None when empty; ApiError 400 naming ``logit_bias`` and the bad entry, or
+    an id given twice ("13" and "013"), as ``generate --logit-bias`` refuses it. Ids past the model's
+    vocabulary are refused when the request is queued (the engine knows it)."""
     if not bias:
         return None
     out: dict[int, float] = {}
     for key, value in bias.items():
-        if not _TOKEN_ID.fullmatch(key):
+        token = token_id_of(key)
+        if token is None:
             raise ApiError(
                 400,
                 f"logit_bias: key {shown(_utf8(key))} is not a token id; expected token ids as decimal "
@@ -729,7 +735,11 @@ def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
                 f"{LOGIT_BIAS_LIMIT:g} all but forces it)",
                 "logit_bias",
             )
-        out[int(key)] = value
+        if token in out:
+            raise ApiError(
+                400, f"logit_bias: token {token} is biased twice; give each token id once", "logit_bias"
+            )
+        out[token] = value
     return out
 
 

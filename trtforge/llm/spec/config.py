@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, is_int
 
 METHODS = ("ngram", "draft")
 SPECULATIVE_KEYS = ("method", "num_tokens", "model", "prompt_lookup_min", "prompt_lookup_max", "num_blocks")
@@ -88,8 +88,9 @@ class SpeculativeConfig:
             ("prompt_lookup_max", 1, 64),
         ):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+            if not is_int(v) or not low <= v <= high:
                 raise bad(f"'{name}' must be an integer in [{low}, {high}], got {v!r}")
+            object.__setattr__(self, name, int(v))  # (frozen: the one normalisation, a NumPy integer's)
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise bad(
                 f"'prompt_lookup_min' ({self.prompt_lookup_min}) exceeds 'prompt_lookup_max' "
@@ -110,8 +111,10 @@ class SpeculativeConfig:
             if getattr(self, name) != getattr(defaults, name):
                 raise bad(_not_for(self.method, name))
         n = self.num_blocks
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        if n is not None and (not is_int(n) or n < 1):
             raise bad(f"'num_blocks' must be None or an integer >= 1, got {n!r}")
+        if n is not None:
+            object.__setattr__(self, "num_blocks", int(n))
 
     def describe(self) -> dict[str, Any]:
         """What runs, for the engine's reported configuration (the model as its string form)."""
