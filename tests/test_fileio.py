@@ -329,15 +329,19 @@ def test_staged_directory_killed_between_its_renames_is_repaired(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"] and [p.name for p in path.iterdir()] == ["b"]
 
 
+@pytest.mark.parametrize("swap", ["exchange", "renames"])
 @pytest.mark.parametrize("old_kind", ["directory", "file", "link"])
 def test_a_signal_during_the_staged_swap_waits_for_the_old_ones_removal(
-    tmp_path, monkeypatch, sigint_raises, old_kind
+    tmp_path, monkeypatch, sigint_raises, old_kind, swap
 ):
     """Before: the old directory was removed after the deferred-signal block, so an interrupt that came
     as it was moved aside was raised before its removal and left it beside `path`; an old file or link
-    was never removed (rmtree refuses them, quietly). Now the swap and the removal both wait for it."""
+    was never removed (rmtree refuses them, quietly). Now the swap and the removal both wait for it,
+    whether the swap is one exchange (the interrupt right after it) or two renames (a filesystem without
+    the exchange: the interrupt right after the first)."""
     import signal
 
+    from tests.test_directory_swap import require_exchange, two_renames_only
     from trtforge import _fileio
     from trtforge._fileio import staged_directory, temp_name
 
@@ -350,14 +354,25 @@ def test_a_signal_during_the_staged_swap_waits_for_the_old_ones_removal(
     else:
         (tmp_path / "elsewhere").mkdir()
         path.symlink_to(tmp_path / "elsewhere")
-    real = os.rename
+    if swap == "exchange":
+        require_exchange(tmp_path)
+        real_exchange = _fileio._rename_exchange
 
-    def rename_then_interrupt(src, dst):
-        real(src, dst)
-        if Path(dst) == temp_name(path, "old"):
+        def exchange_then_interrupt(a, b):
+            real_exchange(a, b)
             signal.raise_signal(signal.SIGINT)
 
-    monkeypatch.setattr(_fileio.os, "rename", rename_then_interrupt)
+        monkeypatch.setattr(_fileio, "_rename_exchange", exchange_then_interrupt)
+    else:
+        two_renames_only(monkeypatch)
+        real = os.rename
+
+        def rename_then_interrupt(src, dst):
+            real(src, dst)
+            if Path(dst) == temp_name(path, "old"):
+                signal.raise_signal(signal.SIGINT)
+
+        monkeypatch.setattr(_fileio.os, "rename", rename_then_interrupt)
     with pytest.raises(KeyboardInterrupt), staged_directory(path) as d:
         (d / "b").write_text("new")
     monkeypatch.undo()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
 import hashlib
 import json
@@ -42,6 +43,7 @@ import secrets
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -931,10 +933,10 @@ def _remove(path: Path) -> None:
 
 def recover_staged_directory(path: str | os.PathLike[str]) -> None:
     """Repair what a run killed (SIGKILL) inside :func:`staged_directory` left beside `path`: its old
-    directory is put back when `path` is missing (the kill came between the two renames), else removed;
-    a half-written new directory is removed when it is a dead writer's (:func:`dead_leftover`; at any
-    age, since a writer makes and flocks it under the parent's lock this takes). Call it before looking at
-    `path` (whether it exists)."""
+    directory is put back when `path` is missing (the kill came between the two renames of a filesystem
+    without the exchange, :func:`_take_place`), else removed; a half-written new directory, or the old
+    contents an exchange swapped out under its name, is removed when it is a dead writer's
+    (:func:`_remove_dead_new`). Call it before looking at `path` (whether it exists)."""
     path = Path(path)
     old = temp_name(path, "old")
     parent = path.parent if str(path.parent) else Path(".")
@@ -954,10 +956,11 @@ _STAGED_NEW = re.compile(r"\.trtforge-[0-9a-f]{12}\.new\.[0-9]+\.[0-9]+")
 
 
 def sweep_staged_directories(parent: str | os.PathLike[str]) -> None:
-    """Remove the new directories that writers killed inside :func:`staged_directory` left in `parent`,
-    whatever path each was staged for (:func:`recover_staged_directory` looks for one path's only): an
-    `export-triton --version N` killed while writing left the plan inside the model directory, which only
-    an export of that same version then removed."""
+    """Remove the new directories (or the old contents swapped out under their names) that writers
+    killed inside :func:`staged_directory` left in `parent`, whatever path each was staged for
+    (:func:`recover_staged_directory` looks for one path's only): an `export-triton --version N` killed
+    while writing left the plan inside the model directory, which only an export of that same version
+    then removed."""
     parent = Path(parent)
     with directory_lock([parent]), signals_deferred():
         try:
@@ -970,11 +973,17 @@ def sweep_staged_directories(parent: str | os.PathLike[str]) -> None:
 
 
 def _remove_dead_new(leftover: Path) -> None:
-    """Remove a :func:`staged_directory` new directory that is a killed writer's; the caller holds its
-    parent's lock, under which a writer makes and flocks it, so an unlocked one is dead at any age."""
+    """Remove a :func:`staged_directory` new directory that is a killed writer's, or the old contents
+    that an exchange (:func:`_take_place`) put under that name, which a kill stopped the removal of (a
+    directory, or the file or link a new directory replaced). The caller holds the parent's lock, under
+    which a writer makes and flocks its new directory and swaps it in, so an unlocked one is dead at any
+    age, and a link there (no writer makes one) is what a swap left."""
+    if os.path.islink(leftover):
+        _remove(leftover)
+        return
     with dead_leftover(leftover, 0.0) as dead:
-        if dead and leftover.is_dir():
-            shutil.rmtree(leftover, ignore_errors=True)
+        if dead:
+            _remove(leftover)
 
 
 def scratch_directory_beside(path: Path) -> tuple[Path, Callable[[], None]]:
@@ -1098,17 +1107,88 @@ def dead_leftover(path: Path, min_age_s: float) -> Iterator[bool]:
             os.close(fd)
 
 
+#: renameat2(2)'s flag that swaps its two paths, and the directory descriptor meaning "relative to the
+#: working directory" (Linux's values: renameat2 is Linux's)
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+#: what renameat2 answers where the filesystem or kernel cannot exchange (some overlay and NFS mounts,
+#: kernels before 3.15), and ours where the C library has no renameat2: the two renames then
+_NO_EXCHANGE = frozenset(getattr(errno, n) for n in ("EINVAL", "ENOSYS", "EOPNOTSUPP") if hasattr(errno, n))
+
+
+@functools.cache
+def _renameat2() -> Callable[..., int] | None:
+    """The C library's renameat2 (glibc 2.28 and later), None where it has none (not Linux, an older
+    glibc): looked up once, since a process's C library does not change."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _rename_exchange(a: Path, b: Path) -> None:
+    """Swap the existing paths `a` and `b` (directories, files or links, of any two kinds) in one atomic
+    step: renameat2(2) with RENAME_EXCHANGE. OSError as the call fails it (ENOSYS: no renameat2 here)."""
+    fn = _renameat2()
+    if fn is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(a))
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        import ctypes
+
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _take_place(new: Path, path: Path) -> Path | None:
+    """Put `new` (a staged directory beside `path`) in `path`'s place; return where `path`'s old contents
+    are now, for the caller to remove (None: there were none). The caller holds the parent's
+    :func:`directory_lock` and SIGINT/SIGTERM back.
+
+    Why an exchange: replacing `path` by renames takes two (the old one aside, the new one in), and a
+    reader between them finds `path` missing, as does everyone after a SIGKILL there until the next
+    call's :func:`recover_staged_directory` puts the old one back. Where the filesystem can, the two
+    trade places in one atomic step instead (renameat2's RENAME_EXCHANGE), so that a reader or a kill
+    at any moment finds `path` whole, old or new; the old contents are then under `new`'s name, which
+    nothing holds by flock, so a kill before their removal leaves a dead staged directory that the
+    sweeps remove (:func:`_remove_dead_new`). Whether the exchange works is asked at each call (one
+    process writes to several filesystems): where it does not (EINVAL, ENOSYS: some overlay and NFS
+    mounts, older kernels or C libraries) the two renames, old aside to `temp_name(path, "old")`."""
+    if not os.path.lexists(path):
+        os.rename(new, path)
+        return None
+    try:
+        _rename_exchange(new, path)
+    except OSError as e:
+        if e.errno not in _NO_EXCHANGE:
+            raise
+    else:
+        return new
+    old = temp_name(path, "old")
+    os.rename(path, old)
+    try:
+        os.rename(new, path)
+    except BaseException:
+        os.rename(old, path)
+        raise
+    return old
+
+
 @contextlib.contextmanager
 def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> Iterator[Path]:
     """A new, empty directory beside `path` (in its parent, which must exist) to write the whole of
-    `path`'s new contents into. When the block succeeds it takes `path`'s place: the old directory is
-    renamed aside, the new one onto `path`, and the old one removed, SIGINT/SIGTERM held back for all
-    three (an interrupt after the first rename waits: it left the old contents beside `path`). When the
-    block fails the new one is removed and `path` is as it was. So `path` holds the old contents or the
-    new ones, never a mix, and nothing of the old survives the new; what a SIGKILL leaves beside `path`
-    the next call (or :func:`recover_staged_directory`) repairs. Write into the new directory with
-    :func:`write_synced` or plain file writes (not atomic_open, whose renames an enclosing
-    :func:`atomic_outputs` block would defer past the swap).
+    `path`'s new contents into. When the block succeeds it takes `path`'s place (:func:`_take_place`: one
+    atomic exchange where the filesystem has it, else two renames) and the old contents are removed,
+    SIGINT/SIGTERM held back for both. When the block fails the new one is removed and `path` is as it
+    was. So `path` holds the old contents or the new ones, never a mix, and nothing of the old survives
+    the new; what a SIGKILL leaves beside `path` the next call (or :func:`recover_staged_directory`)
+    repairs. Write into the new directory with :func:`write_synced` or plain file writes (not
+    atomic_open, whose renames an enclosing :func:`atomic_outputs` block would defer past the swap).
 
     Two writers of one `path` at once each write a directory of their own, which each holds by an flock
     while it writes (another's recovery leaves it alone), and swap one after the other under the parent's
@@ -1139,21 +1219,12 @@ def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> I
         yield new
         fsync_dir(new)
         with directory_lock([parent]), signals_deferred():
-            old = temp_name(p, "old")
-            had_old = os.path.lexists(p)
-            if had_old and not replace:
+            if os.path.lexists(p) and not replace:
                 raise FileExistsError(errno.EEXIST, "made by another writer meanwhile", str(p))
-            if had_old:
-                os.rename(p, old)
-            try:
-                os.rename(new, p)
-            except BaseException:
-                if had_old:
-                    os.rename(old, p)
-                raise
+            replaced = _take_place(new, p)
             made = False
-            if had_old:  # (a SIGKILL during it leaves the rest to the next call's recovery)
-                _remove(old)
+            if replaced is not None:  # (a SIGKILL during it leaves the rest to the next call's recovery)
+                _remove(replaced)
         fsync_dir(parent)
     except BaseException as e:
         if made:

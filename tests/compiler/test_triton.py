@@ -162,29 +162,46 @@ def test_a_repository_that_cannot_be_created_is_a_user_error(bert_engine: Path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
-def test_a_signal_during_the_swap_waits_for_it(bert_engine: Path, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("swap", ["exchange", "renames"])
+def test_a_signal_during_the_swap_waits_for_it(bert_engine: Path, tmp_path: Path, monkeypatch, swap) -> None:
     """--force over an existing model directory: a SIGTERM arriving as the old directory is moved aside (CI
     caught one left behind beside the model, or could find the model gone) is held until the new
-    directory is in place and the old one removed, then raised."""
+    directory is in place and the old one removed, then raised; the same right after the exchange that
+    swaps them where the filesystem has it (the old one then under the new one's staged name)."""
+    from tests.test_directory_swap import require_exchange, two_renames_only
+    from trtforge import _fileio
     from trtforge._fileio import temp_name
     from trtforge.compiler import triton
 
     repo = tmp_path / "repo"
     assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
     before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
-    real_rename = os.rename
     aside: list[str] = []
-
-    def rename_then_signal(src, dst):
-        real_rename(src, dst)
-        if Path(dst) == temp_name(repo / "bert", "old"):
-            aside.append(str(dst))
-            signal.raise_signal(signal.SIGTERM)
 
     def stop(signum, frame):
         raise SystemExit(143)
 
-    monkeypatch.setattr(os, "rename", rename_then_signal)
+    if swap == "exchange":
+        require_exchange(tmp_path)
+        real_exchange = _fileio._rename_exchange
+
+        def exchange_then_signal(a, b):
+            real_exchange(a, b)
+            aside.append(str(a))
+            signal.raise_signal(signal.SIGTERM)
+
+        monkeypatch.setattr(_fileio, "_rename_exchange", exchange_then_signal)
+    else:
+        two_renames_only(monkeypatch)
+        real_rename = os.rename
+
+        def rename_then_signal(src, dst):
+            real_rename(src, dst)
+            if Path(dst) == temp_name(repo / "bert", "old"):
+                aside.append(str(dst))
+                signal.raise_signal(signal.SIGTERM)
+
+        monkeypatch.setattr(os, "rename", rename_then_signal)
     old = signal.signal(signal.SIGTERM, stop)
     try:
         with pytest.raises(SystemExit):
@@ -197,9 +214,11 @@ def test_a_signal_during_the_swap_waits_for_it(bert_engine: Path, tmp_path: Path
 
 
 # Run export_triton in a child process that SIGKILLs itself at one step: after making the model's
-# version directory "1" (while writing the new model), or after moving the old model directory aside.
+# version directory "1" (while writing the new model), after moving the old model directory aside (on a
+# filesystem without the exchange: two renames), or after the exchange that swaps old and new.
 _KILLED_EXPORT = """
-import os, pathlib, signal, sys
+import errno, os, pathlib, signal, sys
+from trtforge import _fileio
 from trtforge.compiler import triton
 engine, repo, where = sys.argv[1:]
 if where == "writing":
@@ -209,7 +228,16 @@ if where == "writing":
         if self.name == "1":
             os.kill(os.getpid(), signal.SIGKILL)
     pathlib.Path.mkdir = mkdir
+elif where == "exchanging":
+    real_exchange = _fileio._rename_exchange
+    def exchange(a, b):
+        real_exchange(a, b)
+        os.kill(os.getpid(), signal.SIGKILL)
+    _fileio._rename_exchange = exchange
 else:
+    def no_exchange(a, b):
+        raise OSError(errno.EINVAL, "Invalid argument", str(a))
+    _fileio._rename_exchange = no_exchange
     real_rename = os.rename
     def rename(src, dst):
         real_rename(src, dst)
@@ -232,7 +260,8 @@ def test_what_a_killed_export_leaves_the_next_one_repairs(bert_engine: Path, tmp
     """Before: export-triton staged in a directory of its own (repo/.trtforge-export.*) that a SIGKILL while
     writing the model left in the repository for good, beside the models Triton polls. It now stages with
     _fileio.staged_directory: the next export removes what a killed one was writing, and puts back a model
-    directory a kill between the two renames left aside (so an export without --force still refuses it)."""
+    directory a kill between the two renames left aside (so an export without --force still refuses it):
+    the swap of a filesystem without the exchange."""
     repo = tmp_path / "repo"
     assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
     config = (repo / "bert" / "config.pbtxt").read_text()
@@ -250,26 +279,66 @@ def test_what_a_killed_export_leaves_the_next_one_repairs(bert_engine: Path, tmp
     assert (repo / "bert" / "config.pbtxt").read_text() == config
 
 
-def test_two_exports_into_one_repository_take_turns(bert_engine: Path, tmp_path: Path, monkeypatch) -> None:
+def test_an_export_killed_right_after_its_exchange_leaves_the_new_model_whole(
+    bert_engine: Path, tmp_path: Path, capsys
+) -> None:
+    """Before: `export-triton --force` killed between its two renames left the model directory missing
+    (Triton, polling, unloaded the model) until the next export put the old one back. Where the
+    filesystem has the exchange, old and new swap in one step: a kill right after it leaves the new
+    model directory in place, whole, and the old one under the staged name, which the next export
+    removes."""
+    from tests.test_directory_swap import require_exchange
+
+    require_exchange(tmp_path)
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo), "--max-batch", "4"]) == 0
+    _killed_export(bert_engine, repo, "exchanging")
+    assert _parse(repo / "bert" / "config.pbtxt").max_batch_size == 2, "the new model, whole"
+    assert len(list(repo.iterdir())) == 2, "the old model under the new one's staged name"
+    _fails(["export-triton", str(bert_engine), "-o", str(repo)], capsys, "already exists; pass --force")
+    assert sorted(p.name for p in repo.iterdir()) == ["bert"]
+    assert _parse(repo / "bert" / "config.pbtxt").max_batch_size == 2
+
+
+@pytest.mark.parametrize("swap", ["exchange", "renames"])
+def test_two_exports_into_one_repository_take_turns(
+    bert_engine: Path, tmp_path: Path, monkeypatch, swap
+) -> None:
     """Two `export-triton --force` of one model at once: the second one's swap landed between the first
     one's two renames, whose second then failed (ENOTEMPTY, an internal error) and left the old model
-    directory behind (then repo/.trtforge-replaced.*). The staged swap now takes the repository's lock."""
+    directory behind (then repo/.trtforge-replaced.*). The staged swap now takes the repository's lock,
+    for the two renames (a filesystem without the exchange) and for the exchange and the old one's
+    removal after it."""
     import os
 
     from tests.test_concurrent_outputs import _Pause, _race
+    from tests.test_directory_swap import require_exchange, two_renames_only
+    from trtforge import _fileio
     from trtforge.compiler import triton
 
     repo = tmp_path / "repo"
     assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
     before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
-    pause, real_rename = _Pause(), os.rename
+    pause = _Pause()
+    if swap == "exchange":
+        require_exchange(tmp_path)
+        real_exchange = _fileio._rename_exchange
 
-    def rename(src, dst):
-        real_rename(src, dst)
-        if str(dst).endswith(".old"):  # the old directory moved aside, the new one not yet in
-            pause.here()
+        def exchange(a, b):
+            real_exchange(a, b)
+            pause.here()  # the new directory in, the old one not yet removed
 
-    monkeypatch.setattr(os, "rename", rename)
+        monkeypatch.setattr(_fileio, "_rename_exchange", exchange)
+    else:
+        two_renames_only(monkeypatch)
+        real_rename = os.rename
+
+        def rename(src, dst):
+            real_rename(src, dst)
+            if str(dst).endswith(".old"):  # the old directory moved aside, the new one not yet in
+                pause.here()
+
+        monkeypatch.setattr(os, "rename", rename)
 
     def export() -> None:
         triton.export_triton(bert_engine, repo, triton.TritonOptions(force=True))

@@ -227,23 +227,35 @@ def test_a_run_that_fails_leaves_the_earlier_report_as_it_was(tmp_path, models, 
     assert _beside(out) == []
 
 
-def test_a_failed_swap_puts_the_earlier_report_back(tmp_path, models, capsys, monkeypatch):
-    """The new directory's rename onto -o fails after the old one was moved aside: the old one returns."""
+@pytest.mark.parametrize("swap", ["exchange", "renames"])
+def test_a_failed_swap_puts_the_earlier_report_back(tmp_path, models, capsys, monkeypatch, swap):
+    """The new directory's rename onto -o fails after the old one was moved aside (a filesystem without
+    the exchange): the old one returns. The exchange fails with an error that is no filesystem's lack of
+    it (EIO): it is reported, not taken for a reason to fall back, and the old report stays."""
     import errno
     import os
 
     import trtforge._fileio as fileio
+    from tests.test_directory_swap import two_renames_only
 
     a, _ = models
     out, before = _earlier_report(tmp_path, a, capsys)
-    real = os.rename
+    if swap == "exchange":
 
-    def rename(src, dst):
-        if ".new" in os.path.basename(src) and str(dst) == str(out):
+        def exchange(new, path):
             raise OSError(errno.EIO, "I/O error")
-        return real(src, dst)
 
-    monkeypatch.setattr(fileio.os, "rename", rename)
+        monkeypatch.setattr(fileio, "_rename_exchange", exchange)
+    else:
+        two_renames_only(monkeypatch)
+        real = os.rename
+
+        def rename(src, dst):
+            if ".new" in os.path.basename(src) and str(dst) == str(out):
+                raise OSError(errno.EIO, "I/O error")
+            return real(src, dst)
+
+        monkeypatch.setattr(fileio.os, "rename", rename)
     rc, text = _run(["report", str(a), "-o", str(out), "--targets", "ort,ort-fused", *FAST], capsys)
     assert rc != 0 and "I/O error" in text, text
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
