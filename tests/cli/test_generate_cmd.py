@@ -238,3 +238,52 @@ def test_the_cli_takes_every_kv_cache_dtype_name_the_library_takes(capsys):
         assert main([*args, "--num-blocks", "16", "--kv-cache-dtype", name]) == 0, capsys.readouterr().err
         outs.append(capsys.readouterr().out)
     assert outs[0].strip() and outs[1:] == outs[:1] * 2
+
+
+@pytest.mark.parametrize(("gpu", "where", "dtype"), [(True, "cuda", "bfloat16"), (False, "cpu", "float32")])
+def test_the_torch_executor_runs_on_a_gpu_in_bfloat16_where_there_is_one(monkeypatch, gpu, where, dtype):
+    """`generate DIR` passed no device, so on a GPU machine the torch executor ran on the CPU in FP32
+    (tens of times slower, and --quantization fp8 refused there), where `serve` put it on the GPU in
+    bfloat16. Both now read --device and --dtype with one default (llm.service.placement)."""
+    import torch
+
+    from trtforge.cli.torch_options import torch_executor_kwargs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    common = {"quantization": None, "kv_cache_dtype": "auto", "calib_data": None, "tensor_parallel_size": 1}
+    kw = torch_executor_kwargs("torch", **common)
+    assert (kw["device"], kw["dtype"]) == (where, getattr(torch, dtype))
+    kw = torch_executor_kwargs("torch", **common, device="cpu", dtype="bfloat16")
+    assert (kw["device"], kw["dtype"]) == ("cpu", torch.bfloat16)
+    assert "device" not in torch_executor_kwargs("onnxruntime", **common)
+
+
+def test_generate_takes_device_and_dtype_for_the_torch_executor_only(paged, capsys):
+    """--device/--dtype place the torch executor's model (bfloat16 on the CPU gives tokens too); a
+    step graph or engine refuses them by flag, and a GPU this machine lacks is refused naming --device."""
+    import torch
+
+    args = ["--prompt-ids", "1 2 3", "--max-tokens", "4", "--ignore-eos"]
+    factory = ["generate", "tests.llm.tiny_models:llama_factory", *args, "--num-blocks", "16"]
+    assert main([*factory, "--device", "cpu", "--dtype", "bfloat16"]) == 0
+    assert len(_lines(capsys)[0]) == 4
+    for flags, named in ((["--device", "cpu"], "--device"), (["--dtype", "float16"], "--dtype")):
+        assert main(["generate", paged, *args, *flags]) == 2
+        err = capsys.readouterr().err
+        assert f"{named} applies to the torch executor" in err and "Traceback" not in err
+    if not torch.cuda.is_available():
+        assert main([*factory, "--device", "cuda"]) == 2
+        err = capsys.readouterr().err
+        assert "--device 'cuda'" in err and "CUDA device" in err and "Traceback" not in err
+
+
+def test_load_refuses_device_and_dtype_for_a_step_graph(paged):
+    """llm.load(step.onnx, device=...) had no such keyword; now it takes the torch executor's placement
+    and refuses it, by name, for graphs and engines (they run where ONNX Runtime or TensorRT runs)."""
+    from trtforge.errors import UserError
+    from trtforge.llm import load
+
+    with pytest.raises(UserError, match="device='cpu' applies to the torch executor"):
+        load(paged, device="cpu")
+    with pytest.raises(UserError, match="dtype='bfloat16' applies to the torch executor"):
+        load(paged, dtype="bfloat16")

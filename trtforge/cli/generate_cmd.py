@@ -149,6 +149,8 @@ def generate_cmd(
     executor: str,
     num_blocks: int | None,
     tensor_parallel_size: int,
+    device: str | None,
+    dtype: str,
     kv_cache_dtype: str,
     calib_data: str | None,
     stops: tuple[str, ...],
@@ -213,6 +215,8 @@ def generate_cmd(
         calib_data=calib_data,
         tensor_parallel_size=tensor_parallel_size,
         lm_head_quantization=lm_head_quantization,
+        device=device,
+        dtype=dtype,
     )
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
     check_draft_tokenizer_option(spec, tok, tokenizer, model)

@@ -235,16 +235,6 @@ def _check_prefill_cap(batched: int | None, prefill: int | None) -> None:
 )
 @executor_option
 @click.option(
-    "--device", default=None, help="torch executor: cuda or cpu (default: cuda where there is a GPU)."
-)
-@click.option(
-    "--dtype",
-    type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
-    default="auto",
-    show_default=True,
-    help="torch executor weights and KV cache; auto: bfloat16 on a GPU, float32 on the CPU.",
-)
-@click.option(
     "--log-level",
     default="warning",
     show_default=True,
@@ -364,18 +354,19 @@ def serve_cmd(
         calib_data=calib_data,
         tensor_parallel_size=tensor_parallel_size,
         lm_head_quantization=lm_head_quantization,
+        device=device,
+        dtype=dtype,
     )
-    if executor != "torch" and (device is not None or dtype != "auto" or tensor_parallel_size != 1):
+    if executor != "torch" and tensor_parallel_size != 1:
         raise UserError(
-            f"--device, --dtype and --tensor-parallel-size apply to the torch executor; '{model}' runs on "
-            f"{executor}."
+            f"--tensor-parallel-size applies to the torch executor; '{model}' runs on {executor}."
         )
     # a port in use is said now, not after the model loads (minutes for a large one)
     sock = listen(host, port)
     try:
         with arguments_as_flags():  # the loader's refusals name its arguments: here, the flags that set them
             if executor == "torch":
-                llm = from_pretrained(model, **_placement(device, dtype), **sizes, **torch_kw)
+                llm = from_pretrained(model, **sizes, **torch_kw)
             else:
                 llm = load(model, executor, **sizes, **torch_kw)
     except BaseException:
@@ -443,17 +434,3 @@ def _is_template_file(value: str) -> bool:
     import os
 
     return value == "" or os.path.isfile(value) or "/" in value or os.sep in value or Path(value).suffix != ""
-
-
-def _placement(device: str | None, dtype: str) -> dict:
-    """The torch executor's device and dtype: a GPU in bfloat16 where there is one, else the CPU in FP32."""
-    import torch
-
-    from trtforge.llm.service import check_device
-
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    check_device(device, "--device")
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    return {"device": device, "dtype": getattr(torch, dtype)}

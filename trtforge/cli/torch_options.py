@@ -1,6 +1,7 @@
 """The executor flags shared by `trtforge generate` and `trtforge serve`: --executor (and what its
-auto picks), and the torch executor's --quantization, --lm-head-quantization, --kv-cache-dtype,
---calib-data (the calibration prompts of both) and --tensor-parallel-size."""
+auto picks), and the torch executor's --device, --dtype (where the model runs: a GPU in bfloat16 where
+there is one), --quantization, --lm-head-quantization, --kv-cache-dtype, --calib-data (the calibration
+prompts of both) and --tensor-parallel-size."""
 
 from __future__ import annotations
 
@@ -36,9 +37,24 @@ def resolve_executor(model: str, executor: str) -> str:
     return next((v for k, v in _BY_SUFFIX.items() if model.endswith(k)), "torch")
 
 
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
 def torch_executor_options(fn: Callable) -> Callable:
-    """Add --quantization, --lm-head-quantization, --kv-cache-dtype, --calib-data and
-    --tensor-parallel-size to a command."""
+    """Add --device, --dtype, --quantization, --lm-head-quantization, --kv-cache-dtype, --calib-data and
+    --tensor-parallel-size to a command (read them with :func:`torch_executor_kwargs`)."""
+    fn = click.option(
+        "--dtype",
+        type=click.Choice(DTYPES),
+        default="auto",
+        show_default=True,
+        help="torch executor weights and KV cache; auto: bfloat16 on a GPU, float32 on the CPU.",
+    )(fn)
+    fn = click.option(
+        "--device",
+        default=None,
+        help="torch executor: cuda, cuda:N or cpu (default: cuda where there is a GPU).",
+    )(fn)
     fn = click.option(
         "--tensor-parallel-size",
         default=1,
@@ -90,23 +106,38 @@ def torch_executor_kwargs(
     calib_data: str | None,
     tensor_parallel_size: int,
     lm_head_quantization: str | None = None,
+    device: str | None = None,
+    dtype: str = "auto",
 ) -> dict[str, Any]:
     """The `llm.load` / `from_pretrained` keywords of the flags; `load` refuses those the executor does
-    not take, --quantization and --lm-head-quantization are refused here (by their flags' names)."""
+    not take, --quantization, --lm-head-quantization, --device and --dtype are refused here (by their
+    flags' names). The torch executor runs where :func:`~trtforge.llm.service.placement` puts it: a GPU
+    in bfloat16 where there is one (a CPU in FP32 would be tens of times slower, silently)."""
     from trtforge.cli._options import read_prompt_ids
     from trtforge.errors import UserError
 
-    for flag, value in (("--quantization", quantization), ("--lm-head-quantization", lm_head_quantization)):
+    flags = (
+        ("--quantization", quantization),
+        ("--lm-head-quantization", lm_head_quantization),
+        ("--device", device),
+        ("--dtype", None if dtype == "auto" else dtype),
+    )
+    for flag, value in flags:
         if value is not None and executor != "torch":
             raise UserError(
                 f"{flag} applies to the torch executor; this MODEL runs on {executor} (compiled graphs "
-                "and engines carry their own --precision)."
+                "and engines carry their own --precision and run on the GPU TensorRT or ONNX Runtime "
+                "picks)."
             )
     kwargs: dict[str, Any] = {
         "kv_cache_dtype": kv_cache_dtype,
         "calib_prompts": read_prompt_ids(calib_data) if calib_data is not None else None,
         "tensor_parallel_size": tensor_parallel_size,
     }
+    if executor == "torch":
+        from trtforge.llm.service import placement
+
+        kwargs["device"], kwargs["dtype"] = placement(device, dtype, "--device")
     if quantization is not None:
         kwargs["quantization"] = quantization
     if lm_head_quantization is not None:

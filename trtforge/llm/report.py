@@ -314,14 +314,9 @@ def _device(device: str | None) -> str:
     """The torch device of the serving variants (None: cuda if present, else cpu). UserError, before any
     work, for a string torch does not parse, a kind other than cpu/cuda, or a GPU this machine lacks:
     otherwise every variant failed to load and the report said so with exit 3."""
-    import torch
+    from trtforge.llm.service import default_device
 
-    from trtforge.llm.service import check_device
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    check_device(device, "--device")
-    return device
+    return default_device(device, "--device")
 
 
 def _tokenize(text: str, tokenizer_dir: Any) -> tuple[list[int], dict[int, str]]:

@@ -199,6 +199,8 @@ def load(
     quantization: str | None = None,
     calib_prompts: Sequence[Sequence[int]] | None = None,
     lm_head_quantization: str | None = None,
+    device: str | None = None,
+    dtype: Any = None,
 ) -> ServingLLM:
     """Load a model for generation: always a :class:`ServingLLM`.
 
@@ -211,9 +213,9 @@ def load(
     - ``executor="torch"``: `path` is a save_pretrained directory or ``module:factory``; see
       :func:`from_pretrained` (and its `tensor_parallel_size`, for this executor only).
 
-    Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`). `speculative` and
-    `kv_cache_dtype` "fp8": see :func:`from_pretrained` (the torch executor only); step graphs and
-    engines keep their own cache dtype.
+    Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`). `speculative`,
+    `kv_cache_dtype` "fp8", `device` and `dtype`: see :func:`from_pretrained` (the torch executor only);
+    step graphs and engines keep their own cache dtype and precision.
     """
     from trtforge.llm.executors.kv_cache import kv_cache_dtype_name
 
@@ -236,8 +238,16 @@ def load(
             quantization=quantization,
             calib_prompts=calib_prompts,
             lm_head_quantization=lm_head_quantization,
+            device=device,
+            dtype=dtype,
         )
-    for name, value in (("quantization", quantization), ("lm_head_quantization", lm_head_quantization)):
+    given = (
+        ("quantization", quantization),
+        ("lm_head_quantization", lm_head_quantization),
+        ("device", device),
+        ("dtype", dtype),
+    )
+    for name, value in given:
         if value is not None:
             raise UserError(
                 f"{name}={shown(value)} applies to the torch executor (executor='torch' or "
@@ -628,6 +638,28 @@ def check_device(device: Any, what: str = "device") -> None:
             runs_on="the torch executor runs on cpu or cuda",
             expected="expected 'cpu', 'cuda' or 'cuda:N' (or none: cuda if present, else cpu)",
         )
+
+
+def default_device(device: Any, what: str = "device") -> str:
+    """The device a command runs the torch executor (or the LLM report's variants) on: `device` checked
+    (:func:`check_device`), or, for None, cuda where this machine has a GPU and cpu otherwise."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(device, what)
+    return str(device)
+
+
+def placement(device: Any, dtype: str | None, what: str = "device") -> tuple[str, Any]:
+    """The torch executor's (device, torch dtype) of the commands: :func:`default_device`, and for dtype
+    None or "auto" bfloat16 on a GPU, float32 on the CPU (where bfloat16 GEMMs are slow or emulated)."""
+    import torch
+
+    where = default_device(device, what)
+    if dtype is None or dtype == "auto":
+        dtype = "bfloat16" if torch.device(where).type == "cuda" else "float32"
+    return where, getattr(torch, dtype)
 
 
 def _torch_dtype(dtype: Any) -> Any:
