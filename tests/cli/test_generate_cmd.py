@@ -287,3 +287,26 @@ def test_load_refuses_device_and_dtype_for_a_step_graph(paged):
         load(paged, device="cpu")
     with pytest.raises(UserError, match="dtype='bfloat16' applies to the torch executor"):
         load(paged, dtype="bfloat16")
+
+
+@pytest.mark.gpu
+def test_generate_runs_the_torch_executor_on_the_gpu_in_bfloat16(monkeypatch, capsys):
+    """On a GPU machine `generate DIR` serves on CUDA in bfloat16 by default (it ran on the CPU in FP32):
+    the model's weights are where the executor runs, and the tokens come out."""
+    import torch
+
+    import trtforge.llm.service as service
+
+    seen = {}
+    real = service.from_pretrained
+
+    def spy(*args, **kwargs):
+        llm = real(*args, **kwargs)
+        seen["param"] = next(llm.executor.model.parameters())
+        return llm
+
+    monkeypatch.setattr(service, "from_pretrained", spy)
+    args = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2 3", "--max-tokens", "4"]
+    assert main([*args, "--num-blocks", "16", "--ignore-eos"]) == 0, capsys.readouterr().err
+    assert len(_lines(capsys)[0]) == 4
+    assert seen["param"].device.type == "cuda" and seen["param"].dtype == torch.bfloat16
