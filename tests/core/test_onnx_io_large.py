@@ -61,15 +61,17 @@ def test_check_proto_takes_a_large_model_by_path(large):
         onnx_io.check_proto(model)
 
 
-def test_infer_shapes_of_a_large_model_by_path(large):
-    """onnx.shape_inference.infer_shapes serialises the model; infer_shapes goes through
-    infer_shapes_path and gives the model its value_info, its weights untouched."""
+def test_shapes_inferred_of_a_large_model_by_path(large):
+    """onnx.shape_inference.infer_shapes serialises the model; shapes_inferred goes through
+    infer_shapes_path and gives the block the model itself with its value_info, without copying its
+    weights, and the model back as it was afterwards."""
     model, _ = _model()
     weights = _raw(model)
-    out = onnx_io.infer_shapes(model)
-    (y,) = out.graph.value_info
-    assert y.name == "y" and [d.dim_value for d in y.type.tensor_type.shape.dim] == [2, 128]
-    assert _raw(out) == weights
+    with onnx_io.shapes_inferred(model) as typed:
+        assert typed is model
+        (y,) = typed.graph.value_info
+        assert y.name == "y" and [d.dim_value for d in y.type.tensor_type.shape.dim] == [2, 128]
+    assert not model.graph.value_info and _raw(model) == weights
 
 
 def test_save_onnx_of_a_large_model_keeps_the_model_and_aligns_its_data(large, tmp_path):

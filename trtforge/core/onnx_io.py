@@ -405,24 +405,33 @@ def check_proto(model_or_path: onnx.ModelProto | str | os.PathLike[str], *, full
         onnx.checker.check_model(model_or_path, full_check=full_check)
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with onnx's shape inference's value_info (onnx.shape_inference.infer_shapes). A model past
-    protobuf's 2 GB (:func:`needs_external`) is inferred as a file (infer_shapes_path on
-    :func:`model_file`) and `model` itself is returned with the inferred value_info and graph outputs
-    (copying it is what a large model cannot afford); a small one is returned as a new model. onnx's
-    errors propagate."""
+@contextlib.contextmanager
+def shapes_inferred(model: onnx.ModelProto) -> Iterator[onnx.ModelProto]:
+    """`model` with onnx's shape inference's value_info (onnx.shape_inference.infer_shapes), for the block's
+    reading. A model past protobuf's 2 GB (:func:`needs_external`) is inferred as a file
+    (infer_shapes_path on :func:`model_file`) and the block gets `model` itself with the inferred value_info
+    and graph outputs, given back as they were afterwards: a copy would be one more copy of the weights. A
+    small one gets a new model. onnx's errors propagate."""
     import onnx
 
     if not needs_external(model):
-        return onnx.shape_inference.infer_shapes(model)
+        yield onnx.shape_inference.infer_shapes(model)
+        return
     with model_file(model) as path:
         inferred_path = path.with_name("inferred.onnx")
         onnx.shape_inference.infer_shapes_path(str(path), str(inferred_path))
         inferred = onnx.load(str(inferred_path), load_external_data=False)
-    for field in ("value_info", "output"):
-        del getattr(model.graph, field)[:]
-        getattr(model.graph, field).extend(getattr(inferred.graph, field))
-    return model
+    fields = ("value_info", "output")
+    saved = {f: list(getattr(model.graph, f)) for f in fields}
+    for f in fields:
+        del getattr(model.graph, f)[:]
+        getattr(model.graph, f).extend(getattr(inferred.graph, f))
+    try:
+        yield model
+    finally:
+        for f in fields:
+            del getattr(model.graph, f)[:]
+            getattr(model.graph, f).extend(saved[f])
 
 
 def check_external_data(path: str | os.PathLike[str], *, where: str) -> None:
