@@ -13,6 +13,7 @@ boundaries of FP32 islands, I/O kept FP32 by default. Steps:
 from __future__ import annotations
 
 import difflib
+import gc
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -185,6 +186,7 @@ def convert_precision(
         )
     record.seconds = time.perf_counter() - start
     del m, decisions, work  # (the FP32 weights and their converted arrays: `out` holds what is left)
+    gc.collect()  # (an onnx_ir graph is a reference cycle: it keeps them until the collector runs)
     checked = time.perf_counter()
     record.verification, record.verification_mode = check_outputs(out, obs, low)
     record.check_seconds = time.perf_counter() - checked
