@@ -77,3 +77,25 @@ def test_the_conversion_graph_is_collected_before_the_check_sessions(monkeypatch
     monkeypatch.setattr(convert_module, "check_outputs", spy)
     convert_precision(_model(), "fp16", keep_io_types=True)
     assert alive == [0]
+
+
+def test_the_output_check_opens_one_session_at_a_time(monkeypatch):
+    """check_outputs made its native FP16 session while the emulation's was still held (the loop's
+    variable let go of it only once the new one was made): two sessions' weights at once."""
+    import weakref
+
+    from trtforge.passes.precision import verify as verify_module
+
+    opened = []
+    make = verify_module.exact_session
+
+    def spy(model, **kw):
+        alive = [r for r in opened if r() is not None]
+        assert not alive, "a session of the check is still open"
+        sess = make(model, **kw)
+        opened.append(weakref.ref(sess))
+        return sess
+
+    monkeypatch.setattr(verify_module, "exact_session", spy)
+    convert_precision(_model(), "fp16", keep_io_types=True)
+    assert len(opened) == 2

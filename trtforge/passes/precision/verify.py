@@ -110,6 +110,7 @@ def check_outputs(
                 finite[name] = finite.get(name, True) and fin
                 w = worst.setdefault(name, [0.0, 0.0, 1.0])
                 w[0], w[1], w[2] = max(w[0], abs_err), max(w[1], rel_err), min(w[2], cos)
+        del sess  # (before the next session is made, not once it replaces this one)
     checks = [OutputCheck(n, w[0], w[1], w[2], finite[n]) for n, w in worst.items()]
     return checks, mode
 
