@@ -78,7 +78,7 @@ def test_save_onnx_of_a_large_model_keeps_the_model_and_aligns_its_data(large, t
     """save_onnx moved the weights out of the caller's model into the file (onnx.save_model with external
     data clears raw_data), so the model could not be used again; it measured the model with ByteSize,
     which encodes all of it. Now the model is left as it was, each large tensor starts at a page-aligned
-    offset (ONNX Runtime maps it instead of copying), small ones stay inside the file."""
+    offset (where a reader can map it), small ones stay inside the file."""
     model, w = _model()
     weights = _raw(model)
     path = onnx_io.save_onnx(model, tmp_path / "m.onnx")

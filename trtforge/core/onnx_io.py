@@ -272,7 +272,7 @@ def needs_external(model: onnx.ModelProto) -> bool:
     return weight_nbytes(model) >= EXTERNAL_DATA_THRESHOLD
 
 
-# ONNX Runtime maps an external tensor stored at a page-aligned offset instead of copying it into memory.
+# Each external tensor starts at a page-aligned offset: where a reader can map it rather than read it.
 _DATA_ALIGNMENT = 4096
 # Initializers smaller than this stay inside the ONNX file (shape constants, norms' weights).
 _EXTERNAL_MIN_BYTES = 1024

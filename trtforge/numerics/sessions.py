@@ -56,7 +56,7 @@ def make_session(
     """A CPU session over an in-memory model, serialized bytes or a file path (ORT errors propagate). A
     model past protobuf's 2 GB (:func:`~trtforge.core.onnx_io.needs_external`) is handed to ONNX Runtime
     as a file with its weights in external data (:func:`~trtforge.core.onnx_io.model_file`): ORT parses
-    no protobuf that large, and the file maps the weights rather than copying them."""
+    no protobuf that large (its session holds about one copy of the weights, as from bytes)."""
     import onnxruntime as ort
 
     from trtforge.core import onnx_io
