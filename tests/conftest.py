@@ -25,6 +25,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SECONDS",
         help="print each failure when it happens and each test slower than SECONDS (0: off)",
     )
+    parser.addoption(
+        "--large-models",
+        action="store_true",
+        default=False,
+        help="run the large_model tests (a real model past protobuf's 2 GB: minutes and ~16 GB of memory)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -92,6 +98,11 @@ _REASONS = {"gpu": _gpu_reason, "trt_build": _trt_build_reason, "trt_run": _trt_
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("large_model") is not None and not item.config.getoption("--large-models"):
+        pytest.skip(
+            "[large_model] compiles a real model past protobuf's 2 GB (minutes, up to ~16 GB of memory), too "
+            "slow for `make test`: run it alone with `pytest --large-models -n 0 -k NAME`"
+        )
     for marker, reason_fn in _REASONS.items():
         if item.get_closest_marker(marker) is not None:
             reason = reason_fn()

@@ -9,8 +9,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
+from tests.large_models import protobuf_limit
 from tests.passes._graphs import GraphBuilder, op_counts
 from trtforge.errors import UserError
 from trtforge.passes import pipeline
@@ -200,6 +201,19 @@ def test_large_models_skip_verification(monkeypatch):
     _, ledger = optimize_model(_model())
     assert "ORT verification skipped" in ledger.verify_skipped_reason
     assert all(p.verification is None for p in ledger.passes)
+
+
+def test_a_large_model_is_checked_as_a_file(monkeypatch):
+    """Past VERIFY_MAX_BYTES the pipeline skipped onnx.checker too (it refuses an in-memory model past
+    2 GB), so an invalid large graph went into the passes unchecked; it is now checked as a file with its
+    external data (protobuf's limit brought down to this model's size)."""
+    model = _invalid_model()
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((64, 64), np.float32), "w"))
+    monkeypatch.setattr(pipeline, "VERIFY_MAX_BYTES", 16)
+    protobuf_limit(monkeypatch, 8_000, room=1_000)
+    with pytest.raises(UserError, match="fails ONNX checking.*missing"):
+        optimize_model(model)
+    optimize_model(_model())  # (a valid one passes)
 
 
 def test_cli_optimize_precision_fp16(tmp_path, capsys):

@@ -5,8 +5,10 @@ Every stage that touches disk goes through here, so the 2 GB protobuf limit is h
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -236,7 +238,8 @@ def external_data_path(path: str | os.PathLike[str]) -> Path:
 
 
 def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
-    """Save `model` to `path`; models near 2 GB get their weights in `<name>.data` beside it.
+    """Save `model` to `path`; models near 2 GB get their weights in `<name>.data` beside it
+    (:func:`save_split`; `model` is left as it was).
 
     Writes into the destination directory directly; callers that need atomicity save into a
     temporary directory first (see pipeline).
@@ -244,18 +247,91 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
     import onnx
 
     p = Path(path)
-    if model.ByteSize() >= EXTERNAL_DATA_THRESHOLD or _has_external(model):
-        onnx.save_model(
-            model,
-            str(p),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=external_data_path(p).name,
-            size_threshold=1024,
-        )
+    if needs_external(model) or _has_external(model):
+        save_split(model, p)
     else:
         onnx.save_model(model, str(p))
     return p
+
+
+def weight_nbytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's tensors (initializers and tensor attributes, subgraphs' too) by their dims and
+    dtypes, read without touching their data: protobuf's ByteSize encodes the whole message to measure it
+    (40 s and a second copy of the weights at 2 GB)."""
+    import math
+
+    from onnx.external_data_helper import _get_all_tensors
+
+    return sum(_tensor_bytes(t) or math.prod(t.dims) for t in _get_all_tensors(model))
+
+
+def needs_external(model: onnx.ModelProto) -> bool:
+    """True when `model` is too large for one protobuf message (:data:`EXTERNAL_DATA_THRESHOLD`): onnx's
+    checker and shape inference and ONNX Runtime then take it by path only, its weights in external data
+    (:func:`save_split`, :func:`model_file`)."""
+    return weight_nbytes(model) >= EXTERNAL_DATA_THRESHOLD
+
+
+# Each external tensor starts at a page-aligned offset: where a reader can map it rather than read it.
+_DATA_ALIGNMENT = 4096
+# Initializers smaller than this stay inside the ONNX file (shape constants, norms' weights).
+_EXTERNAL_MIN_BYTES = 1024
+
+
+def save_split(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
+    """Write `model` to `path` with the bytes of each main-graph initializer of 1 KiB or more in
+    `<name>.data` (:func:`external_data_path`) at page-aligned offsets, one tensor at a time: `model` is
+    neither modified nor serialised whole (past 2 GB protobuf cannot, and a copy of the weights is what
+    a large model cannot afford). The rest (nodes, small constants, metadata) must fit one message."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    p = Path(path)
+    data = external_data_path(p)
+    skeleton = onnx.ModelProto()
+    _copy_fields(model, skeleton, skip="graph")
+    _copy_fields(model.graph, skeleton.graph, skip="initializer")
+    with open(data, "wb") as f:
+        for t in model.graph.initializer:
+            out = skeleton.graph.initializer.add()
+            if uses_external_data(t):
+                raise ValueError(f"save_split: initializer '{t.name}' has its data outside the model")
+            if not t.HasField("raw_data") or (_tensor_bytes(t) or 0) < _EXTERNAL_MIN_BYTES:
+                out.CopyFrom(t)
+                continue
+            _copy_fields(t, out, skip="raw_data")
+            f.write(b"\0" * (-f.tell() % _DATA_ALIGNMENT))
+            offset = f.tell()
+            f.write(t.raw_data)
+            out.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", data.name), ("offset", offset), ("length", f.tell() - offset)):
+                out.external_data.add(key=key, value=str(value))
+    p.write_bytes(skeleton.SerializeToString())
+    return p
+
+
+def _copy_fields(source: object, target: object, *, skip: str) -> None:
+    """Copy every set field of protobuf message `source` but `skip` into the empty message `target`."""
+    for field, value in source.ListFields():  # type: ignore[attr-defined]
+        if field.name == skip:
+            continue
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(target, field.name).extend(value)
+        elif hasattr(value, "CopyFrom"):  # a message
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+@contextlib.contextmanager
+def model_file(model: onnx.ModelProto) -> Iterator[Path]:
+    """`model` as an ONNX file with its weights in external data (:func:`save_split`) in a temporary
+    directory, removed afterwards: what onnx's checker and shape inference and ONNX Runtime need to take a
+    model past protobuf's 2 GB (by path)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="trtforge-model-", ignore_cleanup_errors=True) as tmp:
+        yield save_split(model, Path(tmp) / "model.onnx")
 
 
 def save_onnx_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
@@ -303,18 +379,59 @@ def _has_external(model: onnx.ModelProto) -> bool:
 
 
 def check_model(model_or_path: onnx.ModelProto | str | os.PathLike[str], *, where: str) -> None:
-    """Run onnx.checker (by path for large models, so external data is allowed)."""
+    """Run onnx.checker (:func:`check_proto`); UserError naming `where` when it fails."""
     import onnx
 
-    target = str(model_or_path) if isinstance(model_or_path, (str, os.PathLike)) else model_or_path
-    if not isinstance(target, str) and target.ByteSize() >= EXTERNAL_DATA_THRESHOLD:
-        raise ValueError("check_model on a >2 GB in-memory model: save it and pass the path")
     try:
-        onnx.checker.check_model(target, full_check=False)
+        check_proto(model_or_path)
     except onnx.checker.ValidationError as e:
         raise UserError(f"{where} fails ONNX checking: {str(e).strip().splitlines()[0][:400]}") from e
-    if isinstance(target, str):
-        check_external_data(target, where=where)
+    if isinstance(model_or_path, (str, os.PathLike)):
+        check_external_data(model_or_path, where=where)
+
+
+def check_proto(model_or_path: onnx.ModelProto | str | os.PathLike[str], *, full_check: bool = False) -> None:
+    """onnx.checker on a model or an ONNX file (whose external data it reads); a model past protobuf's
+    2 GB (:func:`needs_external`) is checked as a file (:func:`model_file`), as onnx asks. onnx's
+    ValidationError propagates."""
+    import onnx
+
+    if isinstance(model_or_path, (str, os.PathLike)):
+        onnx.checker.check_model(os.fspath(model_or_path), full_check=full_check)
+    elif needs_external(model_or_path):
+        with model_file(model_or_path) as path:
+            onnx.checker.check_model(str(path), full_check=full_check)
+    else:
+        onnx.checker.check_model(model_or_path, full_check=full_check)
+
+
+@contextlib.contextmanager
+def shapes_inferred(model: onnx.ModelProto) -> Iterator[onnx.ModelProto]:
+    """`model` with onnx's shape inference's value_info (onnx.shape_inference.infer_shapes), for the block's
+    reading. A model past protobuf's 2 GB (:func:`needs_external`) is inferred as a file
+    (infer_shapes_path on :func:`model_file`) and the block gets `model` itself with the inferred value_info
+    and graph outputs, given back as they were afterwards: a copy would be one more copy of the weights. A
+    small one gets a new model. onnx's errors propagate."""
+    import onnx
+
+    if not needs_external(model):
+        yield onnx.shape_inference.infer_shapes(model)
+        return
+    with model_file(model) as path:
+        inferred_path = path.with_name("inferred.onnx")
+        onnx.shape_inference.infer_shapes_path(str(path), str(inferred_path))
+        inferred = onnx.load(str(inferred_path), load_external_data=False)
+    fields = ("value_info", "output")
+    saved = {f: list(getattr(model.graph, f)) for f in fields}
+    for f in fields:
+        del getattr(model.graph, f)[:]
+        getattr(model.graph, f).extend(getattr(inferred.graph, f))
+    try:
+        yield model
+    finally:
+        for f in fields:
+            del getattr(model.graph, f)[:]
+            getattr(model.graph, f).extend(saved[f])
 
 
 def check_external_data(path: str | os.PathLike[str], *, where: str) -> None:

@@ -53,22 +53,28 @@ def make_session(
     threads: int | None = None,
     quiet: bool = False,
 ) -> ort.InferenceSession:
-    """A CPU session over an in-memory model, serialized bytes or a file path (ORT errors propagate)."""
+    """A CPU session over an in-memory model, serialized bytes or a file path (ORT errors propagate). A
+    model past protobuf's 2 GB (:func:`~trtforge.core.onnx_io.needs_external`) is handed to ONNX Runtime
+    as a file with its weights in external data (:func:`~trtforge.core.onnx_io.model_file`): ORT parses
+    no protobuf that large (its session holds about one copy of the weights, as from bytes)."""
     import onnxruntime as ort
 
+    from trtforge.core import onnx_io
+
+    disabled = list(FP16_CRASHING_OPTIMIZERS) if purpose == FAST and _has_fp16(model) else None
+    opts = session_options(purpose, threads=threads, quiet=quiet)
     if isinstance(model, (str, os.PathLike)):
         source: str | bytes = str(model)
     elif isinstance(model, bytes):
         source = model
+    elif onnx_io.needs_external(model):
+        with onnx_io.model_file(model) as path:  # (the session has read or mapped it once made)
+            return ort.InferenceSession(
+                str(path), opts, providers=list(PROVIDERS), disabled_optimizers=disabled
+            )
     else:
         source = model.SerializeToString()
-    disabled = list(FP16_CRASHING_OPTIMIZERS) if purpose == FAST and _has_fp16(model) else None
-    return ort.InferenceSession(
-        source,
-        session_options(purpose, threads=threads, quiet=quiet),
-        providers=list(PROVIDERS),
-        disabled_optimizers=disabled,
-    )
+    return ort.InferenceSession(source, opts, providers=list(PROVIDERS), disabled_optimizers=disabled)
 
 
 # ORT graph optimizers that crash the process (SIGSEGV, no exception) on FP16 graphs: ORT 1.32's

@@ -13,9 +13,10 @@ native Attention 23), with onnxscript's version converter (onnx's C converter as
 its own ledger step ("opset"), verified like a pass. Raising it up front keeps any plugin
 reference functions from being inlined by a later conversion.
 
-Large models: above `verify.VERIFY_MAX_BYTES` (2 GiB) of weights, ONNX checking and ORT
-verification are skipped (both would need a second in-memory serialisation beyond protobuf's
-2 GB limit); the ledger's `verify_skipped_reason` says so.
+Large models: a model past protobuf's 2 GB is checked as a file with external data
+(`core.onnx_io.check_proto`); above `verify.VERIFY_MAX_BYTES` (2 GiB) of weights the ORT verification
+of each pass is skipped (a copy of the weights written out and loaded per pass); the ledger's
+`verify_skipped_reason` says so.
 """
 
 from __future__ import annotations
@@ -124,11 +125,11 @@ def _check_shapes(option: str, shapes: Any, inputs: set[str]) -> None:
             raise UserError(f"{option}[{name!r}] must be a list of dims (ints >= 0), got {shown(shape)}.")
 
 
-def _check(model: onnx.ModelProto, large: bool) -> None:
-    if large:
-        return
+def _check(model: onnx.ModelProto) -> None:
+    from trtforge.core.onnx_io import check_proto
+
     try:
-        onnx.checker.check_model(model)
+        check_proto(model)  # (as a file with external data past 2 GB)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
         raise UserError(f"the input ONNX model fails ONNX checking: {first}") from e
@@ -203,16 +204,16 @@ def optimize_model(
     try:
         ir_model = ir.serde.deserialize_model(model)
     except Exception:
-        _check(model, large=False)  # an invalid graph (two nodes writing one tensor) says so by name
+        _check(model)  # an invalid graph (two nodes writing one tensor) says so by name
         raise
+    _check(model)
     large = weight_bytes(ir_model) > VERIFY_MAX_BYTES
-    _check(model, large)
     ctx = PassContext(attention=attention, debug=debug)
     ledger = PassLedger(attention=attention, verify=verify, opset_before=opset_of(ir_model))
     verifier = None
     if verify and large:
         ledger.verify_skipped_reason = (
-            f"weights exceed {VERIFY_MAX_BYTES / 1024**3:.0f} GiB; ONNX checking and ORT verification skipped"
+            f"weights exceed {VERIFY_MAX_BYTES / 1024**3:.0f} GiB; ORT verification skipped (per pass)"
         )
     elif verify:
         verifier = Verifier(ir_model, fallback_shapes=feed_shapes, shapes=verify_shapes)

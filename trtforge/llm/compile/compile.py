@@ -54,7 +54,7 @@ def _low_precision(proto: onnx.ModelProto, mode: str, data: list[dict[str, np.nd
             onnx.helper.make_node("Cast", ["logits_low"], ["logits"], to=onnx.TensorProto.FLOAT)
         )
         logits.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
-    onnx.checker.check_model(out)
+    onnx_io.check_proto(out)
     return out, record.to_dict()
 
 
@@ -107,12 +107,14 @@ def apply_precision(
 
 
 def _same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, generation: dict[str, Any]) -> float:
-    """Exact ORT on a valid ragged prefill: the passes must not change any output beyond _PASSES_ATOL."""
+    """Exact ORT on a valid ragged prefill: the passes must not change any output beyond _PASSES_ATOL.
+    One session at a time (each holds the weights)."""
     from trtforge.errors import TrtforgeError
     from trtforge.numerics.sessions import exact_session
 
     feeds = {k: v.numpy() for k, v in example_feeds(generation).items()}
-    ref, got = exact_session(before).run(None, feeds), exact_session(after).run(None, feeds)
+    ref = exact_session(before).run(None, feeds)
+    got = exact_session(after).run(None, feeds)
     err = max(float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(ref, got))
     if not err <= _PASSES_ATOL:
         raise TrtforgeError(f"the fusion passes changed the step graph's outputs (max abs error {err:.3g}).")
@@ -263,6 +265,8 @@ def compile_generate(
             )
         records["export"] = exp.record()
         proto, generation = exp.model, exp.generation
+        lm_name = type(lm).__name__
+        del exp, lm  # (the torch weights: the stages below hold the graph's copies)
         if passes:
             from trtforge.passes.pipeline import optimize_model
 
@@ -273,6 +277,7 @@ def compile_generate(
                 proto, ledger = optimize_model(proto, attention="none", verify=max_seq >= _VERIFIER_MIN_SEQ)
                 records["passes"] = ledger.to_dict()
                 records["passes"]["step_check_max_abs_error"] = _same_outputs(before, proto, generation)
+                del before  # (the unfused graph's weights, up to 1x more past the passes)
         proto = apply_precision(
             proto, generation, precision, calib_prompts, records, stage=session.stage, progress=progress
         )
@@ -309,7 +314,7 @@ def compile_generate(
             profiles=build_record["profiles"],
             source={
                 "kind": "causal_lm",
-                "path": str(model) if isinstance(model, (str, os.PathLike)) else type(lm).__name__,
+                "path": str(model) if isinstance(model, (str, os.PathLike)) else lm_name,
                 "onnx_sha256": onnx_io.source_sha256(onnx_path),
                 "opset": 24,
             },

@@ -18,6 +18,7 @@ import torch
 
 from trtforge._usercode import eval_mode
 from trtforge.compiler.export import refuse_unexportable, run_quietly
+from trtforge.core import onnx_io
 from trtforge.errors import ExportError, UserError
 from trtforge.llm.compile import ops
 from trtforge.llm.compile.step import DecoderStep, PagedDecoderStep
@@ -329,7 +330,7 @@ def _export_step(
             # The legacy exporter annotates intermediates with the example's concrete sizes; shape-based
             # folding in later passes would freeze them (seen: S baked into a Reshape). Drop them.
             del proto.graph.value_info[:]
-            onnx.checker.check_model(proto, full_check=True)
+            onnx_io.check_proto(proto, full_check=True)  # (by path past 2 GB)
             errors = _verify(proto, step, feeds)
             break
         except Exception as e:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from trtforge.core import onnx_io
 from trtforge.errors import UserError
 
 INT4_BLOCK = 128
@@ -170,7 +171,7 @@ def quantize_step_int4(
     keep = [i for i in g.initializer if i.name in read]
     del g.initializer[:]
     g.initializer.extend(keep)
-    onnx.checker.check_model(out)
+    onnx_io.check_proto(out)
     record = {
         "format": "int4",
         "scheme": f"weight-only, symmetric round-to-nearest, blocks of {block_size} input channels",

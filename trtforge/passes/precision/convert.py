@@ -13,6 +13,7 @@ boundaries of FP32 islands, I/O kept FP32 by default. Steps:
 from __future__ import annotations
 
 import difflib
+import gc
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,6 +24,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common
 
+from trtforge.core import onnx_io
 from trtforge.core.onnx_io import min_ir_version
 from trtforge.errors import TrtforgeWarning, UserError
 from trtforge.passes.precision.observe import observe
@@ -139,8 +141,7 @@ def convert_precision(
         return model, record
 
     low = LOW_TYPES[precision]
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
+    work = model  # (read only below: no copy of the weights)
     target, why = _target_opset(work, precision, opset)
     if target > opset:
         work = onnx.version_converter.convert_version(work, target)
@@ -148,11 +149,11 @@ def convert_precision(
         work.ir_version = max(work.ir_version, min_ir_version(opsets))
         record.opset_after = target
         record.notes.append(f"opset raised {opset} -> {target}: {why}")
-    work = onnx.shape_inference.infer_shapes(work)
-    obs = observe(work, data, feed_shapes)
+    with onnx_io.shapes_inferred(work) as typed:
+        obs = observe(typed, data, feed_shapes)
+        m = ir.from_proto(typed)
     record.data_source, record.sample_batches = obs.source, obs.batches
 
-    m = ir.from_proto(work)
     ir.passes.common.RemoveInitializersFromInputsPass()(m)
     ir.passes.common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(m)
     _fill_types(m, obs.stats)
@@ -184,6 +185,8 @@ def convert_precision(
             f"minimum); they saturate to the {precision.upper()} limit"
         )
     record.seconds = time.perf_counter() - start
+    del m, decisions, work  # (the FP32 weights and their converted arrays: `out` holds what is left)
+    gc.collect()  # (an onnx_ir graph is a reference cycle: it keeps them until the collector runs)
     checked = time.perf_counter()
     record.verification, record.verification_mode = check_outputs(out, obs, low)
     record.check_seconds = time.perf_counter() - checked

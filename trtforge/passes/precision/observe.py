@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -73,14 +74,16 @@ def generate_feeds(model: onnx.ModelProto, seed: int = 0) -> Iterator[dict[str, 
         yield model_feed(model, sizes=sizes, seed=seed + k, max_sizes=caps)
 
 
-def _with_all_float_outputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """A copy whose graph outputs also list every float (or untyped) intermediate tensor."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    typed = {vi.name: vi for vi in m.graph.value_info}
-    present = {o.name for o in m.graph.output}
-    names = [o.name for o in m.graph.output]
-    for node in m.graph.node:
+def _probe_session(model: onnx.ModelProto) -> tuple[Any, list[str]]:
+    """An exact session of `model` whose outputs also list every float (or untyped) intermediate tensor,
+    and their names. The outputs are added to `model` while the session is made and removed after: a
+    copy of it would be one more copy of the weights."""
+    g = model.graph
+    typed = {vi.name: vi for vi in g.value_info}
+    present = {o.name for o in g.output}
+    names = [o.name for o in g.output]
+    extra = []
+    for node in g.node:
         for out in node.output:
             if not out or out in present:
                 continue
@@ -88,10 +91,15 @@ def _with_all_float_outputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, li
             elem = vi.type.tensor_type.elem_type if vi is not None else 0
             if elem not in (0, onnx.TensorProto.FLOAT):
                 continue
-            m.graph.output.append(vi if vi is not None else onnx.ValueInfoProto(name=out))
+            extra.append(vi if vi is not None else onnx.ValueInfoProto(name=out))
             present.add(out)
             names.append(out)
-    return m, names
+    count = len(g.output)
+    g.output.extend(extra)
+    try:
+        return exact_session(model, quiet=True), names
+    finally:
+        del g.output[count:]
 
 
 def _check_feed(feed: dict, input_names: list[str], index: int) -> dict[str, np.ndarray]:
@@ -120,8 +128,7 @@ def observe(
 
     Generated data (`data` None) that the model cannot run, e.g. 16 audio samples for a convolution
     stack, is regenerated at `fallback_shapes` (compile: the build profile's OPT) when given."""
-    probe, names = _with_all_float_outputs(model)
-    sess = exact_session(probe, quiet=True)
+    sess, names = _probe_session(model)
     input_names = [i.name for i in sess.get_inputs()]
     graph_outputs = [o.name for o in model.graph.output]
     source = "generated from input specs" if data is None else "user data"
