@@ -100,8 +100,10 @@ def test_a_help_example_parses(line: str, tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_every_flag_the_readme_names_exists() -> None:
     """A flag named anywhere in the README's prose (`--max-num-seqs`, `--calib-data`, ...) is an option
-    of some command, so a renamed one is caught even where no full command line shows it."""
-    known = {"--help"}
+    of some command (or of the test suite's own pytest options, tests/conftest.py), so a renamed one is
+    caught even where no full command line shows it."""
+    conftest = (README.parent / "tests" / "conftest.py").read_text(encoding="utf-8")
+    known = {"--help", *re.findall(r'addoption\(\s*"(--[a-z][a-z0-9-]*)"', conftest)}
     for name in COMMANDS:
         for param in cli.get_command(click.Context(cli), name).params:
             known.update(param.opts, getattr(param, "secondary_opts", ()))
