@@ -184,6 +184,7 @@ _child: _Child | None = None
 
 
 def _stop_child() -> None:
+    """At exit: end this process's shared child (it would also end at its stdin's EOF)."""
     if _child is not None:
         _child.stop()
 
@@ -217,7 +218,8 @@ def run_in_child(target: str, *args, fresh: bool = False) -> dict:
     return reply["ok"]
 
 
-def _call(target: str, args: list):
+def _call(target: str, args: list) -> object:
+    """``module:function`` called with `args` (in the child)."""
     module, _, function = target.partition(":")
     return getattr(importlib.import_module(module), function)(*args)
 
