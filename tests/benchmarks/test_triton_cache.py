@@ -86,12 +86,12 @@ def _compile_tiny(cache: str) -> dict:
 @pytest.mark.slow
 def test_a_restored_cache_is_a_hit_on_a_fresh_directory(tmp_path):
     needs_ptxas()
-    first = run_in_child("tests.benchmarks.test_triton_cache:_compile_tiny", str(tmp_path / "a"))
+    first = run_in_child("tests.benchmarks.test_triton_cache:_compile_tiny", str(tmp_path / "a"), fresh=True)
     assert first["hits"] == [False] and first["ptx"]
     tc.save(tmp_path / "a", tmp_path / "c.txz")
     shutil.rmtree(tmp_path / "a")  # the group files named children there: a hit must not need them
     tc.load(tmp_path / "c.txz", tmp_path / "b")
-    again = run_in_child("tests.benchmarks.test_triton_cache:_compile_tiny", str(tmp_path / "b"))
+    again = run_in_child("tests.benchmarks.test_triton_cache:_compile_tiny", str(tmp_path / "b"), fresh=True)
     assert again["hits"][0] is True, json.dumps(again)
     assert again["cubin"] == first["cubin"]
     assert again["ptx"] and again["hits"][1:] == [False]  # the PTX reader compiled it anew

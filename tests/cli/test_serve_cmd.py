@@ -283,34 +283,45 @@ def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
         llm.close()
 
 
-@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
-def test_requests_may_name_the_model_as_typed_on_the_command_line(tmp_path):
+# the model as a user types it: relative to the checkout, with a trailing slash
+TYPED = os.path.relpath(MODEL, Path(__file__).resolve().parents[2]) + "/"
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """One `trtforge serve TYPED --port 0` for the module's tests that talk to a live server (a server's
+    start and stop took ~40 s each on the loaded 2-core box); its clean exit is checked at the end."""
+    if not MODEL.is_dir():
+        pytest.skip(f"the trained model {MODEL} is absent")
+    with _live_server(tmp_path_factory.mktemp("serve"), TYPED) as served:
+        yield served
+
+
+def test_requests_may_name_the_model_as_typed_on_the_command_line(live_server):
     """vLLM serves `serve PATH` under PATH; trtforge lists PATH's base name. Before, a request naming the
     model as typed (a vLLM client's habit) got 404; now it is answered as the listed name, which
     /v1/models alone lists. --served-model-name replaces both."""
     import httpx
 
-    typed = os.path.relpath(MODEL, Path(__file__).resolve().parents[2]) + "/"
-    with _live_server(tmp_path, typed) as (url, _):
-        listed = httpx.get(url + "/v1/models", timeout=10).json()
-        assert [c["id"] for c in listed["data"]] == ["code-llama-21m"]
-        for name in ("code-llama-21m", typed, typed.rstrip("/")):
-            body = {"model": name, "prompt": "def f(", "max_tokens": 2}
-            r = httpx.post(url + "/v1/completions", json=body, timeout=60)
-            assert r.status_code == 200 and r.json()["model"] == "code-llama-21m", (name, r.text)
-        r = httpx.post(url + "/v1/completions", json={"model": "code-llama-3m", "prompt": "x"}, timeout=60)
-        assert r.status_code == 404 and "code-llama-3m" in r.json()["error"]["message"]
+    url, _ = live_server
+    listed = httpx.get(url + "/v1/models", timeout=10).json()
+    assert [c["id"] for c in listed["data"]] == ["code-llama-21m"]
+    for name in ("code-llama-21m", TYPED, TYPED.rstrip("/")):
+        body = {"model": name, "prompt": "def f(", "max_tokens": 2}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == "code-llama-21m", (name, r.text)
+    r = httpx.post(url + "/v1/completions", json={"model": "code-llama-3m", "prompt": "x"}, timeout=60)
+    assert r.status_code == 404 and "code-llama-3m" in r.json()["error"]["message"]
 
 
-@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
-def test_port_0_prints_the_port_the_os_chose(tmp_path):
+def test_port_0_prints_the_port_the_os_chose(live_server):
     """Before: `--port 0` (which the option's range allows) printed "listening on http://127.0.0.1:0", a
     URL no client can reach; the line names the port the socket was bound to."""
     import httpx
 
-    with _live_server(tmp_path, str(MODEL)) as (url, port):
-        assert port > 0
-        assert httpx.get(url + "/health", timeout=10).status_code == 200
+    url, port = live_server
+    assert port > 0
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
 
 
 @pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
