@@ -45,8 +45,8 @@ def test_api_refuses_example_inputs_with_generate(tmp_path) -> None:
             "--executor torch.",
         ),
         ("only tensor_parallel_size=1 splits it", "only --tensor-parallel-size 1 splits it"),
-        # (generate has no --device: device stays the API's)
-        ("tensor_parallel_size <= 1, or device='cpu'", "--tensor-parallel-size <= 1, or device='cpu'"),
+        # (generate's --device, the torch executor's placement, as serve's)
+        ("tensor_parallel_size <= 1, or device='cpu'", "--tensor-parallel-size <= 1, or --device cpu"),
         ("quantization='int4-awq': layer 0", "--quantization int4-awq: layer 0"),
         # the API's name beside the flag: the flag once
         ("kv_cache_dtype (--kv-cache-dtype) 'fp8' is", "--kv-cache-dtype 'fp8' is"),
