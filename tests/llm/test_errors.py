@@ -966,3 +966,35 @@ def test_a_bidirectional_config_is_refused_by_every_consumer(family, tmp_path, c
         err = " ".join(capsys.readouterr().err.split())
         assert "Traceback" not in err and "is_causal=False (bidirectional attention" in err, err
     assert not (tmp_path / "x.engine").exists()
+
+
+@pytest.fixture(scope="module")
+def bf16_graphs(tmp_path_factory) -> dict[str, Path]:
+    """`trtforge compile MODEL --generate --precision bf16 --save-onnx` step graphs, slot and paged."""
+    d = tmp_path_factory.mktemp("bf16")
+    graphs = {}
+    for layout in ("slot", "paged"):
+        graphs[layout] = d / f"{layout}.onnx"
+        trtforge.compile(
+            tiny_model("llama"), None, generate=True, build=False, save_onnx=graphs[layout], precision="bf16",
+            cache_layout=layout, max_seq=32, max_batch=2, max_prefill=8, exporter="legacy", progress=False,
+        )  # fmt: skip
+    return graphs
+
+
+def test_a_bf16_step_graph_is_refused_by_the_onnxruntime_executor_by_name(bf16_graphs, capsys):
+    """Before: ONNX Runtime's "NOT_IMPLEMENTED : Could not find an implementation for Mul(14) node" (its
+    CPU provider has no bfloat16 kernels), from llm.load, the raw loop and `trtforge generate` (exit 1, a
+    traceback). Now one paragraph naming the graph, why and what runs it instead (CLI exit 2)."""
+    message = (
+        r"step graph '[^']*{}' is BF16 \(compiled with --precision bf16\), and ONNX Runtime's CPU execution "
+        r"cannot run BF16 graphs.*--precision fp16.*torch executor.*TensorRT step engine"
+    )
+    for path in bf16_graphs.values():
+        want = message.format(re.escape(path.name))
+        for load in (trtforge.llm.load, trtforge.llm.api.load):
+            with pytest.raises(UserError, match=want):
+                load(path)
+        assert cli_main(["generate", str(path), "--prompt-ids", "1 2 3"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "Traceback" not in err and "NOT_IMPLEMENTED" not in err and re.search(want, err), err

@@ -45,6 +45,25 @@ def read_generation(path: str | Path) -> dict[str, Any]:
     return generation_metadata(proto, str(p))
 
 
+def step_session(path: Path, generation: dict[str, Any]) -> Any:
+    """The exact ONNX Runtime session every ORT step executor runs `path` in. A BF16 step graph is refused
+    first, by name: ORT's CPU provider has no bfloat16 kernels, and its own NOT_IMPLEMENTED error names a
+    node, not the graph's precision or what would run it."""
+    from trtforge.numerics.sessions import exact_session
+
+    if generation.get("cache", {}).get("dtype") == "bfloat16":
+        raise UserError(
+            f"step graph '{path}' is BF16 (compiled with --precision bf16), and ONNX Runtime's CPU "
+            "execution cannot run BF16 graphs: it has no bfloat16 kernels. Compile an FP16 or FP32 step "
+            "graph for the onnxruntime executor (trtforge compile MODEL --generate --precision fp16 "
+            "--save-onnx step.onnx), run the model's save_pretrained directory on the torch executor "
+            "(--executor torch, trtforge.llm.from_pretrained), or build a BF16 TensorRT step engine "
+            "(trtforge compile MODEL --generate --precision bf16 -o step.engine) and load it with "
+            "executor='tensorrt'."
+        )
+    return exact_session(path)
+
+
 class OrtPagedExecutor:
     """Runs StepBatch batches through a paged step graph in exact ONNX Runtime, owning its block pools.
 
@@ -60,8 +79,6 @@ class OrtPagedExecutor:
         max_model_len: int | None = None,
         generation: dict[str, Any] | None = None,
     ) -> None:
-        from trtforge.numerics.sessions import exact_session
-
         self.path = Path(path)
         g = generation if generation is not None else read_generation(self.path)
         cache = g.get("cache", {})
@@ -79,7 +96,7 @@ class OrtPagedExecutor:
         if not is_int(num_blocks) or num_blocks < 1:
             raise UserError(f"num_blocks must be an integer >= 1, got {num_blocks!r}.")
         self._num_blocks = int(num_blocks)
-        self.session = exact_session(self.path)
+        self.session = step_session(self.path, g)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.pool_names = list(cache["inputs"])
         missing = [n for n in ("block_tables", "slot_mapping", *self.pool_names) if n not in inputs]

@@ -16,7 +16,7 @@ import numpy as np
 
 from trtforge.errors import UserError, is_int
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, check_max_model_len
-from trtforge.llm.executors.onnxruntime_exec import ORT_TYPES, allocate_pools, read_generation
+from trtforge.llm.executors.onnxruntime_exec import ORT_TYPES, allocate_pools, read_generation, step_session
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
 
@@ -24,11 +24,9 @@ class OrtStepExecutor:
     """One exact ONNX Runtime session over a step graph."""
 
     def __init__(self, path: str | Path, generation: dict[str, Any]):
-        from trtforge.numerics.sessions import exact_session
-
         self.path = Path(path)
         self.generation = generation
-        self.session = exact_session(self.path)
+        self.session = step_session(self.path, generation)
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.max_batch = int(generation["max_batch"])
