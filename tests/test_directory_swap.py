@@ -289,3 +289,40 @@ def test_a_reader_never_sees_the_directory_missing_or_mixed(tmp_path, monkeypatc
         assert missing == [] and whole[0] > 50
     else:
         assert missing, "the reader found DIR missing between the two renames"
+
+
+def test_a_directory_made_after_the_no_replace_check_is_not_replaced(tmp_path, monkeypatch) -> None:
+    """staged_directory(path, replace=False) checked that `path` was missing, then os.rename'd the new
+    directory there: an empty directory another process (one that takes no lock of ours) made between the
+    two was replaced, since a rename over an empty directory succeeds. Forced here by a check that answers
+    as it would have a moment before the other process made it. RENAME_NOREPLACE refuses it in the rename
+    itself: FileExistsError, the other process's directory left as it made it, the new one removed."""
+    a, b = tmp_path / ".probe-a", tmp_path / ".probe-b"
+    a.mkdir()
+    try:
+        _fileio._renameat2_flagged(a, b, _fileio._RENAME_NOREPLACE)
+    except OSError as e:
+        pytest.skip(f"renameat2 RENAME_NOREPLACE is not available on {tmp_path}: {e}")
+    finally:
+        (b if b.exists() else a).rmdir()
+    path = tmp_path / "model"
+    path.mkdir()  # (the other process's, made "after the check")
+    made = path.stat().st_ino
+    lexists = os.path.lexists
+    monkeypatch.setattr(os.path, "lexists", lambda p: False if Path(p) == path else lexists(p))
+    with pytest.raises(FileExistsError), staged_directory(path, replace=False) as d:
+        (d / "model.plan").write_bytes(b"new")
+    assert path.stat().st_ino == made and os.listdir(path) == []
+    assert os.listdir(tmp_path) == ["model"]
+
+
+def test_without_renameat2_no_replace_still_refuses_an_existing_directory(tmp_path, monkeypatch) -> None:
+    """Where the C library has no renameat2 the check and the plain rename stay: an existing `path` is
+    refused, a missing one written."""
+    monkeypatch.setattr(_fileio, "_renameat2", lambda: None)
+    path = tmp_path / "model"
+    with staged_directory(path, replace=False) as d:
+        (d / "model.plan").write_bytes(b"first")
+    with pytest.raises(FileExistsError), staged_directory(path, replace=False) as d:
+        (d / "model.plan").write_bytes(b"second")
+    assert (path / "model.plan").read_bytes() == b"first" and os.listdir(tmp_path) == ["model"]

@@ -1107,11 +1107,11 @@ def dead_leftover(path: Path, min_age_s: float) -> Iterator[bool]:
             os.close(fd)
 
 
-#: renameat2(2)'s flag that swaps its two paths, and the directory descriptor meaning "relative to the
-#: working directory" (Linux's values: renameat2 is Linux's)
-_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
-#: what renameat2 answers where the filesystem or kernel cannot exchange (some overlay and NFS mounts,
-#: kernels before 3.15), and ours where the C library has no renameat2: the two renames then
+#: renameat2(2)'s flags that refuse an existing destination and that swap the two paths, and the directory
+#: descriptor meaning "relative to the working directory" (Linux's values: renameat2 is Linux's)
+_RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
+#: what renameat2 answers where the filesystem or kernel lacks the flag (some overlay and NFS mounts,
+#: kernels before 3.15), and ours where the C library has no renameat2: the plain renames then
 _NO_EXCHANGE = frozenset(getattr(errno, n) for n in ("EINVAL", "ENOSYS", "EOPNOTSUPP") if hasattr(errno, n))
 
 
@@ -1132,17 +1132,39 @@ def _renameat2() -> Callable[..., int] | None:
     return fn
 
 
-def _rename_exchange(a: Path, b: Path) -> None:
-    """Swap the existing paths `a` and `b` (directories, files or links, of any two kinds) in one atomic
-    step: renameat2(2) with RENAME_EXCHANGE. OSError as the call fails it (ENOSYS: no renameat2 here)."""
+def _renameat2_flagged(a: Path, b: Path, flag: int) -> None:
+    """renameat2(2) of `a` to `b` with `flag`; OSError as the call fails it (ENOSYS: no renameat2 here)."""
     fn = _renameat2()
     if fn is None:
         raise OSError(errno.ENOSYS, "renameat2 is not available", str(a))
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flag) != 0:
         import ctypes
 
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _rename_exchange(a: Path, b: Path) -> None:
+    """Swap the existing paths `a` and `b` (directories, files or links, of any two kinds) in one atomic
+    step: renameat2(2) with RENAME_EXCHANGE. OSError as the call fails it (ENOSYS: no renameat2 here)."""
+    _renameat2_flagged(a, b, _RENAME_EXCHANGE)
+
+
+def _rename_noreplace(a: Path, b: Path) -> None:
+    """Rename `a` to `b`, FileExistsError when `b` exists. Where the filesystem has renameat2's
+    RENAME_NOREPLACE the kernel checks and renames in one atomic step; a plain rename would replace an
+    empty directory (or any file) that another process made at `b` after a check. Elsewhere (the errnos
+    of :data:`_NO_EXCHANGE`) the check, then the rename: a `b` made between the two is still replaced."""
+    try:
+        _renameat2_flagged(a, b, _RENAME_NOREPLACE)
+    except OSError as e:
+        if e.errno not in _NO_EXCHANGE:
+            raise
+    else:
+        return
+    if os.path.lexists(b):
+        raise FileExistsError(errno.EEXIST, "made by another writer meanwhile", str(b))
+    os.rename(a, b)
 
 
 def _take_place(new: Path, path: Path) -> Path | None:
@@ -1198,7 +1220,8 @@ def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> I
 
     With `replace=False` an existing `path` is not replaced: the swap raises FileExistsError (the new
     directory removed) when `path` exists by then, though it was missing when the caller looked (another
-    writer made it meanwhile), checked under the same lock as the swap."""
+    writer made it meanwhile): checked by the rename itself where the filesystem can
+    (:func:`_rename_noreplace`), so a process that does not take our lock cannot slip one in between."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     new = temp_name(p, f"new.{os.getpid()}.{threading.get_ident()}")
@@ -1219,9 +1242,11 @@ def staged_directory(path: str | os.PathLike[str], *, replace: bool = True) -> I
         yield new
         fsync_dir(new)
         with directory_lock([parent]), signals_deferred():
-            if os.path.lexists(p) and not replace:
-                raise FileExistsError(errno.EEXIST, "made by another writer meanwhile", str(p))
-            replaced = _take_place(new, p)
+            if replace:
+                replaced = _take_place(new, p)
+            else:
+                _rename_noreplace(new, p)
+                replaced = None
             made = False
             if replaced is not None:  # (a SIGKILL during it leaves the rest to the next call's recovery)
                 _remove(replaced)
