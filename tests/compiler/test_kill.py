@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.models import tiny_onnx
+from trtforge._fileio import DEAD_TEMP_AGE_S
 from trtforge.core.manifest import manifest_path_for, read_manifest, resolve_pending, verify_engine_file
 
 pytestmark = pytest.mark.trt_build
@@ -48,7 +49,11 @@ def _compile(model: Path, out: Path, env: dict[str, str], *extra: str) -> subpro
 
 
 def _pair_sha(out: Path) -> str | None:
-    """sha256 of the verified pair at `out` after settling leftovers; None when neither file exists."""
+    """sha256 of the verified pair at `out` after settling leftovers, as a compile or reader does once they
+    are older than the age guard; None when neither file exists."""
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S  # (the killed compile's: younger ones may be a live one's)
+    for leftover in out.parent.glob(".trtforge-*"):
+        os.utime(leftover, (aged, aged), follow_symlinks=False)
     resolve_pending(out)
     if not out.exists() and not manifest_path_for(out).exists():
         return None

@@ -7,10 +7,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 
 import pytest
 
-from trtforge._fileio import sha256_bytes, temp_name
+from trtforge._fileio import DEAD_TEMP_AGE_S, sha256_bytes, temp_name
 from trtforge.core import manifest as manifest_mod
 from trtforge.core.manifest import (
     manifest_path_for,
@@ -57,7 +58,7 @@ def test_publish_writes_pair_and_nothing_else(tmp_path) -> None:
 
 
 def _stage(out, data, token="deadbeef", *, record=True, engine_at_out=False, part=False):
-    """Recreate by hand what a publisher killed at some step leaves behind."""
+    """Recreate by hand what a publisher killed at some step leaves behind, older than the age guard."""
     staged, rec, prt = (temp_name(out, f"{token}.{k}") for k in ("engine", "json", "json.part"))
     text = _manifest(out, data).to_json()
     if engine_at_out:
@@ -68,6 +69,10 @@ def _stage(out, data, token="deadbeef", *, record=True, engine_at_out=False, par
         rec.write_text(text)
     if part:
         prt.write_text(text[: len(text) // 2])
+    aged = time.time() - 2 * DEAD_TEMP_AGE_S  # (killed a while ago: younger ones may be a live publisher's)
+    for p in (staged, rec, prt):
+        if p.exists():
+            os.utime(p, (aged, aged))
     return staged, rec
 
 
@@ -143,6 +148,31 @@ def test_a_live_publisher_is_left_alone_where_flock_fails(tmp_path, monkeypatch)
     monkeypatch.setattr(fcntl, "flock", flock)
     assert not resolve_pending(out)
     assert staged.read_bytes() == NEW and _loaded(out) == OLD
+
+
+def test_a_staged_engine_not_yet_flocked_is_not_taken_for_a_dead_publishers(tmp_path, monkeypatch) -> None:
+    """A publisher creates its staged engine, then flocks it. Before, a reader's (or another compile's)
+    resolve_pending between the two found it unlocked and deleted it: the publish failed after its commit
+    point (FileNotFoundError renaming it), and the next reader rolled the new manifest forward beside the
+    old engine ("does not match its manifest"). Forced here by running resolve_pending just before that
+    flock. Now a staged file younger than the age guard is no dead publisher's, as for every sweep."""
+    import fcntl
+
+    out = _old_pair(tmp_path)
+    flock, seen = fcntl.flock, []
+
+    def reader_first(fd: int, op: int) -> None:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        staged = name.startswith(temp_name(out, "").name) and name.endswith(".engine")
+        if staged and op == fcntl.LOCK_EX and not seen:
+            seen.append(resolve_pending(out))
+        flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", reader_first)
+    publish_engine(out, NEW, _manifest(out, NEW))
+    monkeypatch.undo()
+    assert seen == [False]
+    assert _loaded(out) == NEW and _names(tmp_path) == ["m.engine", "m.engine.json"]
 
 
 def test_failure_before_commit_keeps_old_pair(tmp_path, monkeypatch) -> None:

@@ -35,10 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import (
+    DEAD_TEMP_AGE_S,
     as_path,
     atomic_write_text,
     check_input_file,
     commit_staged,
+    dead_leftover,
     directory_lock,
     fsync_dir,
     json_text,
@@ -51,7 +53,6 @@ from trtforge._fileio import (
     staged_directories,
     staged_files,
     temp_name,
-    try_lock,
     write_locked,
 )
 from trtforge.core.tensor_spec import TensorSpec
@@ -436,7 +437,11 @@ def _refuse_existing(paths: list[Path]) -> None:
 def resolve_pending(engine_path: str | os.PathLike[str]) -> bool:
     """Settle the staged files of dead publishers of `engine_path`: finish a committed publish whose
     engine matches its record, delete everything else (see the module doc). Live publishers are left be
-    (where flock fails, as on some NFS mounts, none can be told from a dead one: all are left).
+    (where flock fails, as on some NFS mounts, none can be told from a dead one: all are left), and so are
+    files younger than DEAD_TEMP_AGE_S, as by every sweep of dead writers' files
+    (:func:`~trtforge._fileio.dead_leftover`): a publisher creates its staged engine, then flocks it, and
+    a reader between the two deleted it (the publish then failed on the missing file after its commit
+    point, and the next reader rolled its manifest forward beside the old engine).
     True when it settled a dead publisher's staged files (it lists the directory to find them)."""
     out = Path(engine_path)
     if not out.name:  # '', '.', '/': no file is published there (it was temp_name's ValueError)
@@ -452,23 +457,22 @@ def resolve_pending(engine_path: str | os.PathLike[str]) -> bool:
     settled = False
     for token in sorted(tokens):
         files = {kind: temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART)}
-        fds = [try_lock(p, strict=True) for p in files.values()]
+        present = [p for p in files.values() if os.path.lexists(p)]
         try:
-            if None in fds:
-                continue  # a live compile is publishing (or no flock here tells it from a dead one)
-            with directory_lock([parent]):  # (not between a live compile's two renames)
-                _settle(out, files[_ENGINE], files[_RECORD], files[_PART])
-                settled = True
+            with contextlib.ExitStack() as held:
+                if not present or not all(
+                    held.enter_context(dead_leftover(p, DEAD_TEMP_AGE_S)) for p in present
+                ):
+                    continue  # none, a live compile's, or too young to tell (its flock may be coming)
+                with directory_lock([parent]):  # (not between a live compile's two renames)
+                    _settle(out, files[_ENGINE], files[_RECORD], files[_PART])
+                    settled = True
         except OSError as e:
             raise UserError(
                 f"an interrupted compile left staged files beside '{show_path(out)}' that could not be "
                 f"settled ({e.strerror or e}); make the directory writable and retry, or delete "
                 f"'{show_path(parent)}/{prefix}*' and rebuild."
             ) from e
-        finally:
-            for fd in fds:
-                if fd is not None and fd >= 0:
-                    os.close(fd)
     if tokens:
         fsync_dir(parent)
     return settled
