@@ -307,3 +307,39 @@ def test_family_forms_match_hf_on_the_step_graph_and_the_torch_executor(family, 
             assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
     served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)
     assert served.generate(batch, max_new_tokens=10, stop_at_eos=False) == want
+
+
+def test_minicpm5_projects_q_gate_once_a_layer_and_matches_hf(tmp_path):
+    """MiniCPM5-MoE's q_gate_proj makes each head's queries and its attention output gate. Before, the gate
+    projected it again after the attention: two GEMMs of it per layer and step (as many calls as k_proj's,
+    twice), on the torch executor and in the step graph. Now one, and greedy tokens still equal HF's."""
+    from trtforge.llm import service
+
+    model = tiny_model("minicpm5_moe")
+    batch = prompts(model.config.vocab_size, lens=(7, 2, 12))
+    want = [hf_greedy(model, p, 8)[0] for p in batch]
+    calls = {"q_gate_proj": 0, "k_proj": 0}
+
+    def counter(name):
+        def hook(*_):
+            calls[name] += 1
+
+        return hook
+
+    hooks = [
+        getattr(layer.self_attn, name).register_forward_hook(counter(name))
+        for layer in model.model.layers
+        for name in calls
+    ]
+    try:
+        with service.from_pretrained(model, num_blocks=32, block_size=4, max_model_len=64) as served:
+            assert served.generate(batch, max_new_tokens=8, stop_at_eos=False) == want
+        assert calls["k_proj"] > 0 and calls["q_gate_proj"] == calls["k_proj"], calls
+        calls.update(q_gate_proj=0, k_proj=0)
+        path, _ = _step_file(model, tmp_path, "legacy")
+        assert calls["k_proj"] > 0 and calls["q_gate_proj"] == calls["k_proj"], calls
+    finally:
+        for h in hooks:
+            h.remove()
+    got = trtforge.llm.api.load(path).generate(batch, max_new_tokens=8, stop_at_eos=False)
+    assert got == want

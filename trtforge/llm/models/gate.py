@@ -55,9 +55,13 @@ class OutputGate:
         per = "one a head" if self.per_head else "one a channel"
         return f"a {self.activation} of {self.projection}{bias}, {per}"
 
-    def gates(self, attention: nn.Module, h: Tensor, head_dim: int) -> Tensor:
-        """The gate values ``[..., heads, D]`` (``[..., heads, 1]`` per head) of the attention input `h`."""
-        g = getattr(attention, self.projection)(h)
+    def gates(
+        self, attention: nn.Module, h: Tensor | None, head_dim: int, projected: Tensor | None = None
+    ) -> Tensor:
+        """The gate values ``[..., heads, D]`` (``[..., heads, 1]`` per head) of the attention input `h`, or
+        of `projected`, what the projection already made of it (a [query | gate] projection that the
+        adapter's queries came from: projecting `h` again would repeat that GEMM)."""
+        g = getattr(attention, self.projection)(h) if projected is None else projected
         if self.with_query:
             g = g.unflatten(-1, (-1, 2 * head_dim)).chunk(2, dim=-1)[1]
         elif self.per_head:
@@ -69,6 +73,13 @@ class OutputGate:
         act = ACTIVATIONS[self.activation]
         return act(g.float()).to(g.dtype) if self.float32 else act(g)
 
-    def apply(self, attention: nn.Module, h: Tensor, out: Tensor, head_dim: int) -> Tensor:
+    def apply(
+        self,
+        attention: nn.Module,
+        h: Tensor | None,
+        out: Tensor,
+        head_dim: int,
+        projected: Tensor | None = None,
+    ) -> Tensor:
         """The attention output `out` ``[..., heads * D]`` times its gates (:meth:`gates`)."""
-        return (out.unflatten(-1, (-1, head_dim)) * self.gates(attention, h, head_dim)).flatten(-2)
+        return (out.unflatten(-1, (-1, head_dim)) * self.gates(attention, h, head_dim, projected)).flatten(-2)

@@ -296,15 +296,28 @@ class MiniCPM5MoeStyle(Glm4MoeStyle):
 
     #: ``q_gate_proj`` lays each head's rows out as [query | gate]
     output_gate = OutputGate("q_gate_proj", with_query=True)
+    #: (layer, block input, its ``q_gate_proj`` output) of the last :meth:`qkv`, for :meth:`gated`
+    _projected: tuple[int, Tensor, Tensor] | None = None
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Each head's queries (the first half of its ``q_gate_proj`` rows; the gate is the other half, which
-        :attr:`output_gate` projects again so that q and the gate stay one GEMM's), keys and values."""
+        """Each head's queries (the first half of its ``q_gate_proj`` rows), keys and values. The whole
+        projection is kept for :meth:`gated`, whose gate is the other half: one GEMM makes both."""
         attn = self.layers[i].self_attn
         h = self.layers[i].input_layernorm(x)
-        q = attn.q_gate_proj(h).unflatten(-1, (-1, 2 * self.head_dim)).chunk(2, dim=-1)[0]
+        projected = attn.q_gate_proj(h)
+        self._projected = (i, x, projected)
+        q = projected.unflatten(-1, (-1, 2 * self.head_dim)).chunk(2, dim=-1)[0]
         k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in (attn.k_proj(h), attn.v_proj(h)))
         return q, k, v
+
+    def gated(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        """Layer i's attention output times its gates, from the projection :meth:`qkv` made of this very
+        block input (every consumer calls the two in turn on one tensor); projected again otherwise. Before,
+        the gate always projected ``q_gate_proj`` again: a second GEMM of it per layer and step."""
+        held, self._projected = self._projected, None  # (released: it holds a step's activations)
+        if held is None or held[0] != i or held[1] is not x:
+            return super().gated(i, x, attn_out)
+        return self.output_gate.apply(self.attention(i), None, attn_out, self.head_dim, projected=held[2])
 
 
 class HyV3Style(Glm4MoeStyle):
