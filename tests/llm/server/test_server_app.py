@@ -112,6 +112,53 @@ def test_a_streamed_choice_failing_on_a_server_bug_ends_the_stream_with_a_500():
     assert "RuntimeError" in error["message"], error
 
 
+def test_continuous_usage_counts_the_tokens_streamed_so_far_and_the_choices_own_prompt():
+    """With continuous_usage_stats, each chunk's usage is its choice's as of that chunk: the tokens of the
+    pieces streamed up to it, and the prompt the choice continues. Before, a chunk read the choice's count
+    when the body got to it, which counted the tokens of pieces still queued behind it (a client reading
+    slower than the engine generates), and every chunk named the prompt tokens of all of a request's
+    prompts."""
+    import asyncio
+    from types import SimpleNamespace
+
+    pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
+    from trtforge.llm.server.responses import Pumps, stream
+
+    class Counted:
+        """A choice of three pieces of one token each, all final before the body reads the first."""
+
+        finish_reason = "length"
+        handle = SimpleNamespace(cancel=lambda: None)
+
+        def __init__(self, prompt_len: int) -> None:
+            self.prompt_len, self.num_tokens = prompt_len, 0
+
+        async def pieces(self):
+            for piece in ("a", "b", "c"):
+                self.num_tokens += 1
+                yield piece
+
+        def take_logprobs(self):
+            return []
+
+    async def run() -> list[dict]:
+        choices = [Counted(5), Counted(7)]  # two prompts, of 5 and 7 tokens
+        pumps = Pumps(choices, SimpleNamespace(release=lambda: None))
+        await asyncio.wait(pumps.tasks)  # every piece queued before the body reads one
+        state = SimpleNamespace(request_timeout=None)
+        options = SimpleNamespace(include_usage=True, continuous_usage_stats=True)
+        req = SimpleNamespace(stream_options=options, logprobs=None)
+        gen = stream(state, "completions", "cmpl-1", "m", req, choices, 12, pumps)
+        return [json.loads(c.removeprefix("data: ")) async for c in gen if c != "data: [DONE]\n\n"]
+
+    chunks = asyncio.run(run())
+    for i, prompt_len in ((0, 5), (1, 7)):
+        usage = [c["usage"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert [u["completion_tokens"] for u in usage] == [1, 2, 3, 3], usage  # (the last: the finish's)
+        assert {u["prompt_tokens"] for u in usage} == {prompt_len}, usage
+    assert chunks[-1]["usage"] == {"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18}
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer

@@ -298,10 +298,12 @@ class Pumps:
             c.handle.cancel()
 
     async def _pump(self, i: int, c: Choice) -> None:
-        try:  # each piece with the logprobs of the tokens that led to it (where asked: else [])
+        # each piece with the logprobs of the tokens that led to it (where asked: else []) and the choice's
+        # tokens counted with it (a continuous usage's, read here: later pieces may queue before it is sent)
+        try:
             async for piece in c.pieces():
-                self.queue.put_nowait((i, (piece, c.take_logprobs()), None))
-            self.queue.put_nowait((i, (None, c.take_logprobs()), c.finish_reason))
+                self.queue.put_nowait((i, (piece, c.take_logprobs(), c.num_tokens), None))
+            self.queue.put_nowait((i, (None, c.take_logprobs(), c.num_tokens), c.finish_reason))
         except ApiError as e:
             self.queue.put_nowait((i, None, e))
         except Exception as e:  # a server bug: logged with its trace; the stream ends with a 500, not waits
@@ -350,8 +352,14 @@ async def stream(
         return _completion_logprobs(state, entries, lp, offsets[index])
 
     def chunk(
-        index: int, text: str | None, finish: str | None, role: bool = False, entries: list[Any] | None = None
+        index: int,
+        text: str | None,
+        finish: str | None,
+        role: bool = False,
+        entries: list[Any] | None = None,
+        count: int = 0,
     ) -> str:
+        """One choice's chunk; `count`: its tokens up to and with this chunk (a continuous usage's)."""
         # a chunk of no tokens (the role's, a finish after the last piece) carries none: null, as OpenAI
         # sends it, not an empty list
         lps = logprobs(index, entries) if entries else None
@@ -362,8 +370,8 @@ async def stream(
             body = {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
             body = {"index": index, "text": text or "", "logprobs": lps, "finish_reason": finish}
-        if continuous:
-            extra = {"usage": _usage(prompt_tokens, 0 if role else choices[index].num_tokens)}
+        if continuous:  # (the choice's own prompt: a request of several prompts counts them all at the end)
+            extra = {"usage": _usage(choices[index].prompt_len, count)}
         else:
             extra = {"usage": None} if include_usage else {}
         return _sse({**head, "choices": [body], **extra})
@@ -389,11 +397,11 @@ async def stream(
                 pumps.status = str(end.status)
                 yield _sse(end.body())
                 break
-            text, entries = piece
+            text, entries, count = piece
             if text is not None:
-                yield chunk(i, text, None, entries=entries)
+                yield chunk(i, text, None, entries=entries, count=count)
             else:
-                yield chunk(i, None, end, entries=entries)
+                yield chunk(i, None, end, entries=entries, count=count)
                 left -= 1
         else:
             pumps.status = "200"
