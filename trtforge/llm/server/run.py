@@ -17,6 +17,7 @@ raised again once uvicorn's handlers are gone, so the process ends as that signa
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib.util
 import json
 import logging
@@ -243,23 +244,52 @@ async def _probe_protocol(config: Any, server_state: Any, protocol: Any) -> list
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to `host`:`port` (as uvicorn binds one), made before the model loads: a port in use
-    or an address not of this machine is a UserError at once, not after minutes of loading a model
-    (vLLM binds first for the same reason). :func:`run` serves on it."""
+    """A socket bound to `host`:`port` (as uvicorn binds one) and listening, made before the model loads:
+    a port in use or an address not of this machine is a UserError at once, not after minutes of loading a
+    model. It listens at once because SO_REUSEADDR (kept, so a restart binds past the old server's
+    TIME_WAIT connections) lets two sockets bind one port while neither listens: a second ``serve`` on the
+    port loaded its model too, and one of the two failed only when uvicorn listened. Connections made
+    while the model loads wait in the backlog. :func:`run` serves on it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
     except (OSError, OverflowError) as e:
         sock.close()
-        why = getattr(e, "strerror", None) or str(e)
-        raise UserError(
-            f"cannot listen on {host}:{port} ({why}: in use, or not an address of this machine); give "
-            "another --port or --host."
-        ) from None
+        raise UserError(_cannot_listen(host, port, e)) from None
     sock.set_inheritable(True)
     return sock
+
+
+# connections the listening socket queues unaccepted (uvicorn's --backlog default)
+LISTEN_BACKLOG = 2048
+
+
+def _cannot_listen(host: str, port: int, e: BaseException) -> str:
+    """The refusal of `host`:`port` for `e`, the bind's or listen's error, saying what holds it where that
+    is known (the port in use, the address not this machine's, a port the user may not open)."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    why = getattr(e, "strerror", None) or str(e)
+    code = getattr(e, "errno", None)
+    if code == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {where} ({why}): port {port} is held there by another trtforge serve (one "
+            f"still loading its model included) or another program (`ss -tanp 'sport = :{port}'` names "
+            "it); stop it, or give another --port."
+        )
+    if code == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on {where} ({why}): --host {host} is not an address of this machine; give one "
+            "of its addresses (127.0.0.1 for this machine alone, 0.0.0.0 for every interface)."
+        )
+    if code == errno.EACCES:
+        return (
+            f"cannot listen on {where} ({why}): ports below 1024 need privileges this process lacks; give "
+            "--port 1024 or above."
+        )
+    return f"cannot listen on {where} ({why}); give another --host or --port."
 
 
 def run(
