@@ -135,7 +135,9 @@ def _imports() -> Any:
 #   through data_received, `transport` is the connection's, and STATUS_LINE[431] is the 431 status line.
 #   Its ``loop`` times each head (--head-timeout) and ``cycle.response_complete`` says whether a response
 #   is still running. Where these change, the head bounds silently stop applying (or every request fails
-#   in the parser).
+#   in the parser). Without httptools, TimedHead (_h11_protocol) subclasses uvicorn's H11Protocol: its
+#   connection_made, data_received and on_response_complete, ``conn`` (the h11.Connection, whose
+#   their_state leaves IDLE once a head is whole), ``loop`` and ``transport``.
 # - _App (app.connection_abort) finds the connection's transport as the ASGI send's
 #   ``__self__.transport`` (send is the request cycle's bound method) and drops it with ``abort()``.
 #   Where that changes, a stream cut on a client that reads nothing keeps its socket open for ever.
@@ -216,8 +218,11 @@ async def _probe_protocol(config: Any, server_state: Any, protocol: Any) -> list
     """What of the internals :func:`check_uvicorn` checks the HTTP protocol class `config` loaded lacks."""
     missing = []
 
+    protocols = []
+
     def connect(reads: list[bytes]) -> _ProbeTransport:
         proto = config.http_protocol_class(config=config, server_state=server_state, app_state={})
+        protocols.append(proto)
         transport = _ProbeTransport()
         proto.connection_made(transport)
         for data in reads:
@@ -232,7 +237,17 @@ async def _probe_protocol(config: Any, server_state: Any, protocol: Any) -> list
         await asyncio.sleep(0)
     if not answered.aborted:
         missing.append("the ASGI send's __self__.transport.abort() (the request cycle's transport)")
-    if protocol != "h11":
+    if protocol.parser == "h11":  # (h11 bounds a head's size itself; the head's time is ours to bound)
+        connect([b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"])  # (a whole head)
+        connect([b"GET / HTTP/1.1\r\nHost: x\r\n"])  # (part of one)
+        if protocols[-2].head_timer is not None or protocols[-1].head_timer is None:
+            missing.append(
+                "H11Protocol's connection_made, data_received and conn.their_state (a head's arrival was "
+                "not timed)"
+            )
+        for proto in protocols:
+            proto.connection_lost(None)
+    else:
         piece = b"X: " + b"a" * (MAX_HEAD_BYTES // 4) + b"\r\n"
         large = connect([b"GET / HTTP/1.1\r\n", *[piece] * 6, b"\r\n"])
         if not large.written.startswith(b"HTTP/1.1 431"):
@@ -377,7 +392,7 @@ def run(
 MAX_HEAD_BYTES = 64 * 2**10
 
 
-def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT) -> Any:
+def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT, parser: str | None = None) -> Any:
     """uvicorn's httptools protocol, refusing a request whose line and headers pass :data:`MAX_HEAD_BYTES`
     with a 431 in OpenAI's schema, and closing its connection. httptools (uvicorn's choice where installed)
     has no bound of its own: one connection sending a 300 MB header grew the server by 360 MB before any
@@ -387,9 +402,12 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT) -> Any:
     `head_timeout` seconds (--head-timeout) after it began is closed, with a 408 where some of it came:
     uvicorn has no such bound, so a client that connected and sent nothing, or trickled a header a few
     bytes at a time (slowloris), held its connection and file descriptor for ever, and enough of them left
-    the server none to accept real clients with."""
-    if importlib.util.find_spec("httptools") is None:
-        return "h11"
+    the server none to accept real clients with. `parser`: "httptools" or "h11" (default: httptools where
+    installed, as uvicorn picks); under h11 the heads are timed alike (:func:`_h11_protocol`)."""
+    if parser is None:
+        parser = "h11" if importlib.util.find_spec("httptools") is None else "httptools"
+    if parser == "h11":
+        return _h11_protocol(head_timeout)
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
     from trtforge.llm.server.protocol import error_body
@@ -399,6 +417,7 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT) -> Any:
         may end a previous request's body (pipelining) and is not counted, so the bound is
         MAX_HEAD_BYTES plus at most one read (256 KiB)."""
 
+        parser = "httptools"
         head: int | None = None  # bytes of the current request's head counted so far; None: not in one
         begun = 0  # requests begun on this connection
         head_timer: asyncio.TimerHandle | None = None  # closes the connection at --head-timeout
@@ -466,6 +485,72 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT) -> Any:
                 )
 
     return BoundedHead
+
+
+def _h11_protocol(head_timeout: float) -> Any:
+    """uvicorn's h11 protocol (where httptools is not installed), closing a connection whose request head
+    has not all arrived `head_timeout` seconds after it began, as :func:`_http_protocol`'s does (with a 408
+    where some of it came): uvicorn's h11 protocol has no such bound either, so without it --head-timeout
+    did nothing there. h11 bounds a head's size itself (16 KiB, a 400 past it)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from trtforge.llm.server.protocol import error_body
+
+    class TimedHead(H11Protocol):
+        """Times each request's head: from the connection's start, and from each response's end where the
+        connection stays open, until h11 has the whole head (its peer's state leaves IDLE)."""
+
+        parser = "h11"
+        head_timer: asyncio.TimerHandle | None = None  # closes the connection at --head-timeout
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._time_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._untime_head()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._untime_head()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()  # (handles a pipelined request already received)
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self._time_head()
+
+        def _time_head(self) -> None:
+            if self.head_timer is None:
+                self.head_timer = self.loop.call_later(head_timeout, self._head_late)
+
+        def _untime_head(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def _head_late(self) -> None:
+            """--head-timeout passed with the head incomplete: a 408 if any of it came (h11 holds it
+            unparsed), then the close."""
+            self.head_timer = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return
+            if self.conn.trailing_data[0]:
+                late = (
+                    f"the request's line and headers did not arrive within --head-timeout {head_timeout:g} s"
+                )
+                body = json.dumps(error_body(408, late)).encode()
+                head = [(b"content-type", b"application/json"), (b"connection", b"close")]
+                self.transport.write(
+                    self.conn.send(h11.Response(status_code=408, headers=head, reason=b"Request Timeout"))
+                    + self.conn.send(h11.Data(data=body))
+                    + self.conn.send(h11.EndOfMessage())
+                )
+            self.transport.close()
+
+    return TimedHead
 
 
 class _QuietCancellations(logging.Filter):
