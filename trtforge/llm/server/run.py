@@ -1,9 +1,11 @@
 """Run the app with uvicorn; SIGTERM (and the first Ctrl-C) drains instead of dropping requests.
 
 On the signal the server keeps listening but answers new generation requests (and /health) with
-503, waits for those in flight up to the grace period, then closes the engine (requests still running
-end as 503s in OpenAI's schema, a stream with its error event and [DONE]) and stops uvicorn. The process
-exits 0: a drain is a normal shutdown.
+503, waits for those in flight (streams still sending included) up to the grace period, then closes the
+engine (requests still running end as 503s in OpenAI's schema, a stream with its error event and [DONE])
+and stops uvicorn; a stream whose send waits on a client that reads nothing then is cut at once, its
+connection reset (it would take no error event, and held uvicorn's shutdown for its own second). The
+process exits 0: a drain is a normal shutdown.
 An engine that stops on its own (a lost executor: every request now fails) turns /health to 503 and
 the server exits 1 at once, saying why, for its supervisor to restart it (it answered 503 to every
 request for ever, with /health "ok").
@@ -603,13 +605,26 @@ class _DrainingServer:
 
             async def on_tick(self, counter: int) -> bool:
                 state.drain_begun()  # (set by the signal's handler: the requests in intake are answered here)
-                if self.deadline is not None and (state.requests == 0 or time.monotonic() > self.deadline):
+                late = self.deadline is not None and time.monotonic() > self.deadline
+                if self.deadline is not None and (late or state.requests == state.streams == 0):
                     if state.requests and not self.should_exit:
                         # past the grace: the engine is closed first, so the requests still running end
                         # as they do on any engine error (a 503 in OpenAI's schema; a stream's error event
                         # and [DONE]) in uvicorn's second of grace, not cancelled there (a plain-text 500,
                         # a stream cut off without [DONE], and uvicorn's error log line)
                         await asyncio.to_thread(state.engine.close)
+                    if late and state.waiting_sends:
+                        # a stream whose client reads nothing delivers no error event either: its
+                        # connection is reset now, not cancelled after uvicorn's second (with an error
+                        # line, its socket left to the kernel still holding megabytes for that client)
+                        print(
+                            f"trtforge serve: cutting {len(state.waiting_sends)} stream(s) whose clients "
+                            "read nothing",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        for cut in list(state.waiting_sends):
+                            cut()
                     self.should_exit = True
                 if self.engine_failed is None and state.engine.fatal_error is not None:
                     self.engine_failed = state.engine.fatal_error
