@@ -401,9 +401,13 @@ def test_an_empty_chat_template_value_is_refused(capsys):
     assert "--chat-template is empty ('')" in capsys.readouterr().err
 
 
-def test_a_port_in_use_is_refused_before_the_model_loads(tokenizer_with_named_templates, monkeypatch, capsys):
+@pytest.mark.parametrize("listening", [True, False])
+def test_a_port_in_use_is_refused_before_the_model_loads(
+    tokenizer_with_named_templates, monkeypatch, capsys, listening
+):
     """Before: the model loaded first (minutes for a large one), then uvicorn failed to bind. Now the
-    socket is bound first, as vLLM does, and the loader never runs."""
+    socket is bound first, as vLLM does, and the loader never runs; a plain socket holding the port,
+    listening or only bound, is refused alike."""
     import socket
 
     import trtforge.llm as llm_pkg
@@ -414,7 +418,8 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tokenizer_with_named_te
     monkeypatch.setattr(llm_pkg, "from_pretrained", no_load)
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
-    taken.listen()
+    if listening:
+        taken.listen()
     port = taken.getsockname()[1]
     try:
         argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--port", str(port)]
@@ -422,8 +427,78 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tokenizer_with_named_te
     finally:
         taken.close()
     err = capsys.readouterr().err
-    assert f"cannot listen on 127.0.0.1:{port} (Address already in use" in err, err
-    assert "Traceback" not in err
+    where = f"cannot listen on 127.0.0.1:{port} (Address already in use)"
+    assert f"{where}: port {port} is held there" in err, err
+    assert "another trtforge serve" in err and "Traceback" not in err, err
+
+
+def test_a_port_another_server_has_bound_is_refused_while_it_still_loads():
+    """SO_REUSEADDR lets two sockets bind one port while neither listens: the socket bound before the
+    model loads did not listen until uvicorn started, so a second server bound the same port (and loaded
+    its model) while the first still loaded. It listens at once now, and the second bind is refused."""
+    from trtforge.errors import UserError
+    from trtforge.llm.server.run import listen
+
+    first = listen("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    try:
+        with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{port} .*held there") as e:
+            listen("127.0.0.1", port)
+    finally:
+        first.close()
+    assert "\n" not in str(e.value)
+
+
+HELD = "TRTFORGE_TEST_HELD_LOAD"  # a directory: held_factory writes `loading` there, then waits
+
+
+def held_factory():
+    """The tiny Llama, whose load holds until the process is killed (up to 120 s): a server still loading
+    its model, for as long as a test needs one."""
+    from tests.llm.tiny_models import llama_factory
+
+    marker = Path(os.environ[HELD])
+    (marker / "loading").write_text("")
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        time.sleep(0.05)
+    return llama_factory()
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_a_second_serve_on_the_port_of_one_still_loading_exits_2_before_its_model_loads(tmp_path):
+    """Two `trtforge serve` on one port, the first still loading its model: the second bound the port too
+    (SO_REUSEADDR, neither listening), loaded its model and served, and the first failed when its own
+    load ended (or the other way round). The second now exits 2 at once, naming the port, its model never
+    loaded (no pool line)."""
+    from tests.llm.server.harness import free_port
+
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", HELD: str(tmp_path)}
+    root = Path(__file__).resolve().parents[2]
+    serve = [sys.executable, "-m", "trtforge.cli.main", "serve", "--device", "cpu", "--port", str(port)]
+    first = subprocess.Popen(
+        [*serve, "tests.cli.test_serve_cmd:held_factory", "--tokenizer", str(MODEL)],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        end = time.monotonic() + 120
+        while not (tmp_path / "loading").exists():  # (it binds before the load begins)
+            assert first.poll() is None and time.monotonic() < end, first.returncode
+            time.sleep(0.05)
+        second = subprocess.run(
+            [*serve, str(MODEL), "--num-blocks", "64"], cwd=root, env=env, capture_output=True, timeout=120
+        )
+    finally:
+        first.kill()
+        first.wait()
+    err = second.stderr.decode()
+    assert second.returncode == 2, err
+    assert f"error: cannot listen on 127.0.0.1:{port} (Address already in use): port {port} is held" in err
+    assert "KV pool" not in err and "Traceback" not in err, err
 
 
 def test_a_slot_step_graph_is_served_within_its_own_batch(tmp_path, monkeypatch):

@@ -846,12 +846,13 @@ def test_served_names_are_listed_once_and_aliases_apply_to_the_default_name_only
 
 
 def _bounded_head_answers(
-    reads: list[bytes], head_timeout: float = 20.0, answer_after: float = 0.0
+    reads: list[bytes], head_timeout: float = 20.0, answer_after: float = 0.0, parser: str | None = None
 ) -> list[bytes]:
-    """The status lines the server's HTTP protocol (run._http_protocol, its --head-timeout `head_timeout`)
-    writes for `reads`, fed to it one by one as reads of one connection, in process over an app that
-    answers 200 `answer_after` seconds after a request's body arrived; then the connection is watched until
-    it closes or every answer is out and no timer is left to close it."""
+    """The status lines the server's HTTP protocol (run._http_protocol, its --head-timeout `head_timeout`,
+    over `parser`: by default uvicorn's choice) writes for `reads`, fed to it one by one as reads of one
+    connection, in process over an app that answers 200 `answer_after` seconds after a request's body
+    arrived; then the connection is watched until it closes or every answer is out and no timer is left to
+    close it."""
     import asyncio
     import re
     from unittest import mock
@@ -869,7 +870,7 @@ def _bounded_head_answers(
         await send({"type": "http.response.body", "body": b"ok"})
 
     async def run() -> list[bytes]:
-        cls = _http_protocol(head_timeout)
+        cls = _http_protocol(head_timeout, parser)
         config = uvicorn.Config(app, http=cls, lifespan="off")
         config.load()
         proto = cls(config=config, server_state=ServerState(), app_state={})
@@ -886,7 +887,8 @@ def _bounded_head_answers(
             proto.data_received(data)
             await asyncio.sleep(0.01)
         while not closed and (
-            proto.head_timer is not None or (proto.cycle and not proto.cycle.response_complete)
+            getattr(proto, "head_timer", None) is not None  # (None: a protocol that times no head)
+            or (proto.cycle and not proto.cycle.response_complete)
         ):
             await asyncio.sleep(0.01)
         return re.findall(rb"HTTP/1\.1 (\d{3}) ", b"".join(written))
@@ -911,13 +913,36 @@ def test_a_pipelined_request_after_a_large_body_is_not_taken_for_a_large_head():
     assert _bounded_head_answers(reads) == [b"200", b"200"]
 
 
-def test_a_head_pipelined_behind_a_running_response_is_timed_after_it():
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_a_head_pipelined_behind_a_running_response_is_timed_after_it(parser):
     """--head-timeout closes a connection whose next request's head stops coming; where that head was
     pipelined behind a response still running (longer than the timeout), the response is not cut: the
-    head is timed again after it, then refused with a 408."""
+    head is timed again after it, then refused with a 408. Under uvicorn's h11 parser too."""
     first = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-    assert _bounded_head_answers([first + b"GET / HTTP/1.1\r\nHo"], 0.1, answer_after=0.5) == [b"200", b"408"]
-    assert _bounded_head_answers([b"GET / HTTP/1.1\r\nHo"], 0.1) == [b"408"]
+    two = [first + b"GET / HTTP/1.1\r\nHo"]
+    assert _bounded_head_answers(two, 0.1, answer_after=0.5, parser=parser) == [b"200", b"408"]
+    assert _bounded_head_answers([b"GET / HTTP/1.1\r\nHo"], 0.1, parser=parser) == [b"408"]
+    assert _bounded_head_answers([first, b"GET / HT"], 0.1, parser=parser) == [b"200", b"408"]
+
+
+def test_without_httptools_the_head_timeout_still_closes_slow_heads(monkeypatch):
+    """Where httptools is not installed uvicorn parses with h11, and --head-timeout did nothing there
+    (BoundedHead is httptools' protocol; the server ran h11's own, which times no head): a client that
+    connected and sent nothing, or trickled its head, held its connection for ever. The h11 protocol
+    times heads alike: nothing sent is a close, part of a head a 408 in OpenAI's schema, a whole one
+    is answered."""
+    import importlib.util
+
+    from trtforge.llm.server.run import _http_protocol
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "httptools" else find_spec(n, *a)
+    )
+    assert _http_protocol(0.1).parser == "h11"
+    assert _bounded_head_answers([], 0.1) == []
+    assert _bounded_head_answers([b"POST / HTTP/1.1\r\nHo"], 0.1) == [b"408"]
+    assert _bounded_head_answers([b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"], 0.1, answer_after=0.3) == [b"200"]
 
 
 def _uvicorn_refusal() -> str:

@@ -130,7 +130,9 @@ def test_a_stream_whose_client_reads_nothing_is_cancelled_at_the_timeout(monkeyp
     async def run() -> None:
         choices = [_Endless(), _Endless()]
         metrics = SimpleNamespace(requests=_Requests())
-        state = SimpleNamespace(request_timeout=0.2, send_timeout=None, metrics=metrics)
+        state = SimpleNamespace(
+            request_timeout=0.2, send_timeout=None, metrics=metrics, streams=0, waiting_sends=set()
+        )
         pumps = responses.Pumps(choices, _Admission(), state.request_timeout)
         req = SimpleNamespace(stream_options=None, logprobs=None)
         body = responses.stream(state, "completions", "cmpl-1", NAME, req, choices, 3, pumps)
@@ -149,6 +151,7 @@ def test_a_stream_whose_client_reads_nothing_is_cancelled_at_the_timeout(monkeyp
         scope = {"type": "http", "asgi": {"spec_version": "2.4"}, responses.ABORT_CONNECTION: gone.set}
         serving = asyncio.ensure_future(response(scope, receive, send))
         await asyncio.wait_for(blocked.wait(), 30)
+        assert state.streams == 1 and len(state.waiting_sends) == 1  # (what a drain's end cuts)
         await asyncio.wait_for(asyncio.gather(*(c.cancelled.wait() for c in choices)), 30)
         assert all(t.done() for t in pumps.tasks)
         if grace > 60:  # the send still waits: the connection stays until the grace is over
@@ -157,6 +160,7 @@ def test_a_stream_whose_client_reads_nothing_is_cancelled_at_the_timeout(monkeyp
             return
         await asyncio.wait_for(serving, 30)
         assert gone.is_set() and metrics.requests.counted == [("completions", "504")]
+        assert state.streams == 0 and not state.waiting_sends
 
     asyncio.run(run())
     if grace < 60:
@@ -224,3 +228,99 @@ def test_send_timeout_is_a_serving_option_with_a_default(built_state):
     assert built_state(None, "m", ServeOptions(send_timeout=2.5)).send_timeout == 2.5
     with pytest.raises(UserError, match="--send-timeout nan"):
         ServeOptions(send_timeout=float("nan"))
+
+
+def test_the_drain_waits_for_streams_still_sending_and_cuts_those_stalled_at_its_grace(capsys):
+    """SIGTERM with a stream whose client reads nothing took 8.2 s against --shutdown-grace 3: at the
+    grace the engine closed, but the stream's send still waited on its client, so uvicorn waited its own
+    second (timeout_graceful_shutdown) for the connection, then cancelled the task ("Cancel 1 running
+    task(s)" in the log) and left the socket to the kernel with megabytes queued for that client; the rest
+    was the interpreter's exit (about 4 s on the loaded box, the same for an idle server). And a stream
+    whose generation had ended but whose events were still being sent did not count as in flight: the
+    drain ended at once, and uvicorn cut it a second later.
+
+    Now the drain waits for streams still sending, up to the grace, and at the grace resets the
+    connections of those whose send waits on their client, so no connection is left for uvicorn's
+    second. The grace's end is set on the draining server rather than waited for (a fake clock): the
+    server's tick is driven by hand over a stand-in state."""
+    import asyncio
+    import importlib
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    uvicorn = pytest.importorskip("uvicorn")
+    server_run = importlib.import_module("trtforge.llm.server.run")
+    cut, closed = [], []
+    state = SimpleNamespace(
+        draining=False,
+        requests=0,
+        streams=1,  # a stream whose generation ended, its last events still being sent
+        waiting_sends=set(),
+        drain_begun=lambda: None,
+        engine=SimpleNamespace(close=lambda: closed.append(True), fatal_error=None),
+    )
+    config = uvicorn.Config(lambda *a: None, lifespan="off", log_config=None)
+    server = server_run._DrainingServer(config, state, 3600.0)
+    server.handle_exit(signal.SIGTERM, None)
+    assert state.draining and not asyncio.run(server.on_tick(1))  # (tick 1: no date header to render)
+    assert not server.should_exit, "the drain ended with a stream still sending"
+
+    state.requests = 1  # a request still generating, and the stream's send waiting on its client
+    state.waiting_sends.add(lambda: cut.append(True))
+    assert not asyncio.run(server.on_tick(1)) and not cut and not closed
+    server.deadline = time.monotonic() - 0.001  # the grace is over
+    assert asyncio.run(server.on_tick(1)) and server.should_exit
+    assert closed == [True] and cut == [True]
+    assert "cutting 1 stream(s) whose clients read nothing" in capsys.readouterr().err
+
+
+def test_a_stream_cut_at_the_drains_end_stops_at_once_counted_503(caplog):
+    """The drain's cut of a stream whose send waits on its client (the function it finds in
+    state.waiting_sends) resets the connection, which makes uvicorn's waiting send return; the body then
+    went on rendering every piece still queued for a client that was gone (a second of the event loop at
+    the drain's end on a 16-choice stream with logprobs), here for ever. Now the stream ends at the cut:
+    its choices cancelled, counted 503, its cut logged. In process: the send waits until the connection
+    is aborted, as uvicorn's does; each wait is for an event, its timeout a hang guard only."""
+    import asyncio
+    import logging
+    from types import SimpleNamespace
+
+    pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
+    from trtforge.llm.server import responses
+
+    caplog.set_level(logging.WARNING, logger="trtforge.serve")
+
+    async def run() -> None:
+        choices = [_Endless(), _Endless()]
+        metrics = SimpleNamespace(requests=_Requests())
+        state = SimpleNamespace(
+            request_timeout=None, send_timeout=60.0, metrics=metrics, streams=0, waiting_sends=set()
+        )
+        pumps = responses.Pumps(choices, _Admission(), None)
+        req = SimpleNamespace(stream_options=None, logprobs=None)
+        body = responses.stream(state, "completions", "cmpl-1", NAME, req, choices, 3, pumps)
+        response = responses.SSEResponse(body, state, "completions", pumps)
+        blocked, gone = asyncio.Event(), asyncio.Event()
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                blocked.set()
+                await gone.wait()  # (uvicorn's send returns once the connection is lost)
+
+        async def receive() -> dict:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}, responses.ABORT_CONNECTION: gone.set}
+        serving = asyncio.ensure_future(response(scope, receive, send))
+        await asyncio.wait_for(blocked.wait(), 30)
+        (cut,) = state.waiting_sends
+        cut()
+        await asyncio.wait_for(serving, 30)
+        await asyncio.wait_for(asyncio.gather(*(c.cancelled.wait() for c in choices)), 30)
+        assert metrics.requests.counted == [("completions", "503")]
+        assert state.streams == 0 and not state.waiting_sends
+
+    asyncio.run(run())
+    assert "read nothing when the drain's --shutdown-grace ended" in caplog.text, caplog.text

@@ -101,6 +101,12 @@ class ServerState:
     # streams cut on a client that reads nothing whose connection could not be reset (no uvicorn transport),
     # not yet logged by uvicorn
     streams_cut: int = 0
+    # streamed responses still sending (responses.SSEResponse): a drain waits for them as for `requests`,
+    # whose admission a stream gives back once its generation ends, before its last events are sent
+    streams: int = 0
+    # a function for each stream whose send waits on a client that reads nothing (its socket's buffers
+    # full) that cuts it, its connection reset (responses.SSEResponse): called at the drain's grace's end
+    waiting_sends: set[Callable[[], None]] = field(default_factory=set, init=False)
     # the ignored request fields logged so far (:func:`_log_ignored`: each name once)
     ignored_logged: set[str] = field(default_factory=set, init=False)
     metrics: Metrics = field(init=False)

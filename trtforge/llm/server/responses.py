@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -206,41 +206,65 @@ class SSEResponse(StreamingResponse):
     def __init__(self, body: AsyncIterator[str], state: Any, endpoint: str, pumps: Pumps) -> None:
         super().__init__(body, media_type="text/event-stream")
         self.state, self.endpoint, self.pumps = state, endpoint, pumps
+        self.drained = False  # cut by the drain's end while its send waited on its client
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         state, pumps = self.state, self.pumps
+        state.streams += 1
         try:
             left = None if pumps.deadline is None else pumps.deadline + STREAM_CLOSE_GRACE - time.monotonic()
+            bounded = self._bounded(send, scope.get(ABORT_CONNECTION))
             try:
-                await asyncio.wait_for(super().__call__(scope, receive, self._bounded(send)), left)
+                await asyncio.wait_for(super().__call__(scope, receive, bounded), left)
             except asyncio.TimeoutError:
                 late = f"{STREAM_CLOSE_GRACE:g} s past --request-timeout {state.request_timeout:g} s"
                 why = f"read nothing for {late}: its generation was cancelled at the timeout"
                 await self._cut(scope, receive, "504", why)
             except ClientStalled:
-                why = f"read nothing for --send-timeout {state.send_timeout:g} s: its generation is cancelled"
-                await self._cut(scope, receive, "408", why)
+                if self.drained:
+                    why = "read nothing when the drain's --shutdown-grace ended"
+                    await self._cut(scope, receive, "503", why)
+                else:
+                    late = f"--send-timeout {state.send_timeout:g} s"
+                    why = f"read nothing for {late}: its generation is cancelled"
+                    await self._cut(scope, receive, "408", why)
         except Exception:
             pumps.status = pumps.status or "500"
             raise
         finally:
+            state.streams -= 1
             state.metrics.requests.labels(self.endpoint, pumps.status or "499").inc()
 
-    def _bounded(self, send: Any) -> Any:
-        """`send`, each call waiting at most --send-timeout for the client to read (ClientStalled past it)."""
-        limit = self.state.send_timeout
-        if limit is None:
-            return send
+    def _bounded(self, send: Any, abort: Callable[[], None] | None) -> Any:
+        """`send`, each call waiting at most --send-timeout for the client to read (ClientStalled past it).
+        While a call waits, ``state.waiting_sends`` holds a function that cuts the stream (the drain calls
+        it at its grace's end): the connection is reset, and the send raises ClientStalled with
+        :attr:`drained` set (the body would otherwise go on rendering every piece queued for a
+        client that is gone)."""
+        limit, waiting = self.state.send_timeout, self.state.waiting_sends
+
+        def cut() -> None:
+            self.drained = True
+            if abort is not None:
+                abort()
 
         async def bounded(message: Any) -> None:
+            if abort is not None:
+                waiting.add(cut)
             try:
-                if _timeout is not None:
+                if limit is None:
+                    await send(message)
+                elif _timeout is not None:
                     async with _timeout(limit):
                         await send(message)
                 else:
                     await asyncio.wait_for(send(message), limit)
             except asyncio.TimeoutError:
                 raise ClientStalled from None
+            finally:
+                waiting.discard(cut)
+            if self.drained:
+                raise ClientStalled
 
         return bounded
 
@@ -255,7 +279,8 @@ class SSEResponse(StreamingResponse):
         if abort is None:
             self.state.streams_cut += 1  # (uvicorn's "returned without completing response" is ours)
             return
-        abort()
+        if not self.drained:  # (the drain's cut has reset it: its socket is gone)
+            abort()
         # returning once the server has seen the connection go (a loop turn later), it neither logs the
         # response as left incomplete nor closes the connection again
         with contextlib.suppress(Exception):

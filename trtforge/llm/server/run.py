@@ -1,9 +1,11 @@
 """Run the app with uvicorn; SIGTERM (and the first Ctrl-C) drains instead of dropping requests.
 
 On the signal the server keeps listening but answers new generation requests (and /health) with
-503, waits for those in flight up to the grace period, then closes the engine (requests still running
-end as 503s in OpenAI's schema, a stream with its error event and [DONE]) and stops uvicorn. The process
-exits 0: a drain is a normal shutdown.
+503, waits for those in flight (streams still sending included) up to the grace period, then closes the
+engine (requests still running end as 503s in OpenAI's schema, a stream with its error event and [DONE])
+and stops uvicorn; a stream whose send waits on a client that reads nothing then is cut at once, its
+connection reset (it would take no error event, and held uvicorn's shutdown for its own second). The
+process exits 0: a drain is a normal shutdown.
 An engine that stops on its own (a lost executor: every request now fails) turns /health to 503 and
 the server exits 1 at once, saying why, for its supervisor to restart it (it answered 503 to every
 request for ever, with /health "ok").
@@ -17,6 +19,7 @@ raised again once uvicorn's handlers are gone, so the process ends as that signa
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib.util
 import json
 import logging
@@ -134,7 +137,9 @@ def _imports() -> Any:
 #   through data_received, `transport` is the connection's, and STATUS_LINE[431] is the 431 status line.
 #   Its ``loop`` times each head (--head-timeout) and ``cycle.response_complete`` says whether a response
 #   is still running. Where these change, the head bounds silently stop applying (or every request fails
-#   in the parser).
+#   in the parser). Without httptools, TimedHead (_h11_protocol) subclasses uvicorn's H11Protocol: its
+#   connection_made, data_received and on_response_complete, ``conn`` (the h11.Connection, whose
+#   their_state leaves IDLE once a head is whole), ``loop`` and ``transport``.
 # - _App (app.connection_abort) finds the connection's transport as the ASGI send's
 #   ``__self__.transport`` (send is the request cycle's bound method) and drops it with ``abort()``.
 #   Where that changes, a stream cut on a client that reads nothing keeps its socket open for ever.
@@ -215,8 +220,11 @@ async def _probe_protocol(config: Any, server_state: Any, protocol: Any) -> list
     """What of the internals :func:`check_uvicorn` checks the HTTP protocol class `config` loaded lacks."""
     missing = []
 
+    protocols = []
+
     def connect(reads: list[bytes]) -> _ProbeTransport:
         proto = config.http_protocol_class(config=config, server_state=server_state, app_state={})
+        protocols.append(proto)
         transport = _ProbeTransport()
         proto.connection_made(transport)
         for data in reads:
@@ -231,7 +239,17 @@ async def _probe_protocol(config: Any, server_state: Any, protocol: Any) -> list
         await asyncio.sleep(0)
     if not answered.aborted:
         missing.append("the ASGI send's __self__.transport.abort() (the request cycle's transport)")
-    if protocol != "h11":
+    if protocol.parser == "h11":  # (h11 bounds a head's size itself; the head's time is ours to bound)
+        connect([b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"])  # (a whole head)
+        connect([b"GET / HTTP/1.1\r\nHost: x\r\n"])  # (part of one)
+        if protocols[-2].head_timer is not None or protocols[-1].head_timer is None:
+            missing.append(
+                "H11Protocol's connection_made, data_received and conn.their_state (a head's arrival was "
+                "not timed)"
+            )
+        for proto in protocols:
+            proto.connection_lost(None)
+    else:
         piece = b"X: " + b"a" * (MAX_HEAD_BYTES // 4) + b"\r\n"
         large = connect([b"GET / HTTP/1.1\r\n", *[piece] * 6, b"\r\n"])
         if not large.written.startswith(b"HTTP/1.1 431"):
@@ -243,23 +261,52 @@ async def _probe_protocol(config: Any, server_state: Any, protocol: Any) -> list
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to `host`:`port` (as uvicorn binds one), made before the model loads: a port in use
-    or an address not of this machine is a UserError at once, not after minutes of loading a model
-    (vLLM binds first for the same reason). :func:`run` serves on it."""
+    """A socket bound to `host`:`port` (as uvicorn binds one) and listening, made before the model loads:
+    a port in use or an address not of this machine is a UserError at once, not after minutes of loading a
+    model. It listens at once because SO_REUSEADDR (kept, so a restart binds past the old server's
+    TIME_WAIT connections) lets two sockets bind one port while neither listens: a second ``serve`` on the
+    port loaded its model too, and one of the two failed only when uvicorn listened. Connections made
+    while the model loads wait in the backlog. :func:`run` serves on it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
     except (OSError, OverflowError) as e:
         sock.close()
-        why = getattr(e, "strerror", None) or str(e)
-        raise UserError(
-            f"cannot listen on {host}:{port} ({why}: in use, or not an address of this machine); give "
-            "another --port or --host."
-        ) from None
+        raise UserError(_cannot_listen(host, port, e)) from None
     sock.set_inheritable(True)
     return sock
+
+
+# connections the listening socket queues unaccepted (uvicorn's --backlog default)
+LISTEN_BACKLOG = 2048
+
+
+def _cannot_listen(host: str, port: int, e: BaseException) -> str:
+    """The refusal of `host`:`port` for `e`, the bind's or listen's error, saying what holds it where that
+    is known (the port in use, the address not this machine's, a port the user may not open)."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    why = getattr(e, "strerror", None) or str(e)
+    code = getattr(e, "errno", None)
+    if code == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {where} ({why}): port {port} is held there by another trtforge serve (one "
+            f"still loading its model included) or another program (`ss -tanp 'sport = :{port}'` names "
+            "it); stop it, or give another --port."
+        )
+    if code == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on {where} ({why}): --host {host} is not an address of this machine; give one "
+            "of its addresses (127.0.0.1 for this machine alone, 0.0.0.0 for every interface)."
+        )
+    if code == errno.EACCES:
+        return (
+            f"cannot listen on {where} ({why}): ports below 1024 need privileges this process lacks; give "
+            "--port 1024 or above."
+        )
+    return f"cannot listen on {where} ({why}); give another --host or --port."
 
 
 def run(
@@ -347,7 +394,7 @@ def run(
 MAX_HEAD_BYTES = 64 * 2**10
 
 
-def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT) -> Any:
+def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT, parser: str | None = None) -> Any:
     """uvicorn's httptools protocol, refusing a request whose line and headers pass :data:`MAX_HEAD_BYTES`
     with a 431 in OpenAI's schema, and closing its connection. httptools (uvicorn's choice where installed)
     has no bound of its own: one connection sending a 300 MB header grew the server by 360 MB before any
@@ -357,9 +404,12 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT) -> Any:
     `head_timeout` seconds (--head-timeout) after it began is closed, with a 408 where some of it came:
     uvicorn has no such bound, so a client that connected and sent nothing, or trickled a header a few
     bytes at a time (slowloris), held its connection and file descriptor for ever, and enough of them left
-    the server none to accept real clients with."""
-    if importlib.util.find_spec("httptools") is None:
-        return "h11"
+    the server none to accept real clients with. `parser`: "httptools" or "h11" (default: httptools where
+    installed, as uvicorn picks); under h11 the heads are timed alike (:func:`_h11_protocol`)."""
+    if parser is None:
+        parser = "h11" if importlib.util.find_spec("httptools") is None else "httptools"
+    if parser == "h11":
+        return _h11_protocol(head_timeout)
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
     from trtforge.llm.server.protocol import error_body
@@ -369,6 +419,7 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT) -> Any:
         may end a previous request's body (pipelining) and is not counted, so the bound is
         MAX_HEAD_BYTES plus at most one read (256 KiB)."""
 
+        parser = "httptools"
         head: int | None = None  # bytes of the current request's head counted so far; None: not in one
         begun = 0  # requests begun on this connection
         head_timer: asyncio.TimerHandle | None = None  # closes the connection at --head-timeout
@@ -438,6 +489,72 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT) -> Any:
     return BoundedHead
 
 
+def _h11_protocol(head_timeout: float) -> Any:
+    """uvicorn's h11 protocol (where httptools is not installed), closing a connection whose request head
+    has not all arrived `head_timeout` seconds after it began, as :func:`_http_protocol`'s does (with a 408
+    where some of it came): uvicorn's h11 protocol has no such bound either, so without it --head-timeout
+    did nothing there. h11 bounds a head's size itself (16 KiB, a 400 past it)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from trtforge.llm.server.protocol import error_body
+
+    class TimedHead(H11Protocol):
+        """Times each request's head: from the connection's start, and from each response's end where the
+        connection stays open, until h11 has the whole head (its peer's state leaves IDLE)."""
+
+        parser = "h11"
+        head_timer: asyncio.TimerHandle | None = None  # closes the connection at --head-timeout
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._time_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._untime_head()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._untime_head()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()  # (handles a pipelined request already received)
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self._time_head()
+
+        def _time_head(self) -> None:
+            if self.head_timer is None:
+                self.head_timer = self.loop.call_later(head_timeout, self._head_late)
+
+        def _untime_head(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def _head_late(self) -> None:
+            """--head-timeout passed with the head incomplete: a 408 if any of it came (h11 holds it
+            unparsed), then the close."""
+            self.head_timer = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return
+            if self.conn.trailing_data[0]:
+                late = (
+                    f"the request's line and headers did not arrive within --head-timeout {head_timeout:g} s"
+                )
+                body = json.dumps(error_body(408, late)).encode()
+                head = [(b"content-type", b"application/json"), (b"connection", b"close")]
+                self.transport.write(
+                    self.conn.send(h11.Response(status_code=408, headers=head, reason=b"Request Timeout"))
+                    + self.conn.send(h11.Data(data=body))
+                    + self.conn.send(h11.EndOfMessage())
+                )
+            self.transport.close()
+
+    return TimedHead
+
+
 class _QuietCancellations(logging.Filter):
     """Drop uvicorn's trace of a task cancelled while the server stops (a request in flight at a second
     signal, or past the drain's grace): the stop cancelled it, so it is no error of the app's. Drop too its
@@ -488,13 +605,26 @@ class _DrainingServer:
 
             async def on_tick(self, counter: int) -> bool:
                 state.drain_begun()  # (set by the signal's handler: the requests in intake are answered here)
-                if self.deadline is not None and (state.requests == 0 or time.monotonic() > self.deadline):
+                late = self.deadline is not None and time.monotonic() > self.deadline
+                if self.deadline is not None and (late or state.requests == state.streams == 0):
                     if state.requests and not self.should_exit:
                         # past the grace: the engine is closed first, so the requests still running end
                         # as they do on any engine error (a 503 in OpenAI's schema; a stream's error event
                         # and [DONE]) in uvicorn's second of grace, not cancelled there (a plain-text 500,
                         # a stream cut off without [DONE], and uvicorn's error log line)
                         await asyncio.to_thread(state.engine.close)
+                    if late and state.waiting_sends:
+                        # a stream whose client reads nothing delivers no error event either: its
+                        # connection is reset now, not cancelled after uvicorn's second (with an error
+                        # line, its socket left to the kernel still holding megabytes for that client)
+                        print(
+                            f"trtforge serve: cutting {len(state.waiting_sends)} stream(s) whose clients "
+                            "read nothing",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        for cut in list(state.waiting_sends):
+                            cut()
                     self.should_exit = True
                 if self.engine_failed is None and state.engine.fatal_error is not None:
                     self.engine_failed = state.engine.fatal_error
