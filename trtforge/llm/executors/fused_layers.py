@@ -220,8 +220,10 @@ def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
 
 def _permute_rows_(weight: Any, bias: torch.Tensor | None, rows: int, index: torch.Tensor) -> None:
     """In place: row r < `rows` of `weight` (FP8: its codes and per-row scales) and of `bias` takes row
-    ``index[r]``; the rows past `rows` stay. One temporary copy of those rows at a time."""
-    tensors = [weight.data, weight.scale] if isinstance(weight, Fp8Weight) else [weight]
+    ``index[r]``; the rows past `rows` stay. One temporary copy of those rows at a time. E4M3 codes move
+    as bytes (an index kernel for every dtype, and a bit-exact move)."""
+    fp8 = isinstance(weight, Fp8Weight)
+    tensors = [weight.data.view(torch.uint8), weight.scale] if fp8 else [weight]
     with torch.no_grad():
         for t in [*tensors, *([] if bias is None else [bias])]:
             t[:rows].copy_(t[:rows].index_select(0, index))
