@@ -5,7 +5,9 @@ is six), and their launch gaps, not the weights' bytes, set its time even inside
 These are the pieces that cut it down: RMSNorm (one kernel), Qwen3's per-head q/k RMSNorm (one
 in-place kernel over the QKV GEMM's output), one kernel that applies RoPE to q and k (only the
 leading channels of a partial rotary) and writes k and v into their paged-pool slots, and one
-SiLU-and-multiply kernel; the GEMVs with norms and residuals folded in are :mod:`.gemv`. The layer
+SiLU-and-multiply kernel; the GEMVs with norms and residuals folded in are :mod:`.gemv`, and one
+token's norm + QKV GEMV with the RoPE and K/V write as its epilogue over pair-ordered q/k weight rows
+(:func:`norm_qkv_rope_cache`, :func:`pair_rows`; off by default: ``FUSED_ROPE`` of the layer). The layer
 that strings them together around a model's weights is
 :mod:`trtforge.llm.executors.fused_layers`.
 """
