@@ -226,6 +226,137 @@ def test_fp8_layers_quantize_their_gemm_inputs_in_the_producing_kernels(monkeypa
         assert torch.equal(a, b)
 
 
+def _qkv_rows(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Copies of every attention projection's weight (FP8: codes as bytes and scales) and bias."""
+    from trtforge.llm.quant.linear import QuantLinear
+
+    out = []
+    for layer in model.model.layers:
+        for m in layer.self_attn.children():
+            if isinstance(m, QuantLinear):
+                out += [m.qweight.data.view(torch.uint8).clone(), m.qweight.scale.clone()]
+            elif isinstance(m, torch.nn.Linear):
+                out.append(m.weight.detach().clone())
+            if isinstance(m, torch.nn.Linear | QuantLinear) and m.bias is not None:
+                out.append(m.bias.detach().clone())
+    return out
+
+
+ROPE_FAMILIES = {
+    "llama": ("llama", {}),
+    "qwen2": ("qwen2", {}),  # q/k/v biases
+    "qwen3": ("qwen3", {}),  # per-head q/k norms: the two kernels, rows as they are
+    "phi3-partial": ("phi3", {}),  # fused qkv_proj, a partial rotary: the two kernels, rows as they are
+    "phi3": ("phi3", {"partial_rotary_factor": 1.0}),  # fused qkv_proj, whole heads rotated
+}
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("family", list(ROPE_FAMILIES))
+def test_one_token_layers_rope_inside_the_qkv_gemv(monkeypatch, quantization, family):
+    """FUSED_ROPE, read when FusedLayers is built: the q/k weight rows (FP8 scales, biases) go into pair
+    order in place; one token's q and K/V writes then come from norm_qkv_rope_cache (no rope_and_cache
+    launch) and a 3-token step's from rope_and_cache reading the pair order, and equal the served
+    kernels' over the rows as they were; the model's own forward is unchanged meanwhile (its modules'
+    hooks); a FusedLayers built with it off puts the rows back bit for bit. Qwen3's q/k head norms and
+    Phi-4-mini's partial rotary keep the two kernels and leave the rows alone. Triton's CPU interpreter."""
+    pytest.importorskip("triton")
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.executors import fused_layers
+    from trtforge.llm.executors.fused_layers import FusedLayers
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.quant import quantize_model
+
+    name, overrides = ROPE_FAMILIES[family]
+    model = tiny_model(name, num_key_value_heads=2, initializer_range=0.02, **overrides).to(torch.bfloat16)
+    if quantization is not None:
+        quantize_model(model, quantization)
+    fits = family not in ("qwen3", "phi3-partial")
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 300, (1, 7), generator=g)
+    with torch.no_grad():
+        want_logits = model(ids).logits
+    monkeypatch.setattr(fused_layers, "FUSED_ROPE", False)
+    fused = FusedLayers(adapter_for(model))
+    original = _qkv_rows(model)
+    d, hkv = fused.head_dim, fused.num_kv_heads
+    rot = int(fused.adapter.rope.describe()["dim"])
+    h = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    angles = torch.rand(3, rot // 2, generator=g) * 6
+    rope = (torch.cat([angles.cos()] * 2, -1).bfloat16(), torch.cat([angles.sin()] * 2, -1).bfloat16())
+    slots = torch.tensor([9, 2, 14], dtype=torch.int32)
+    calls: list[str] = []
+    for kernel in ("rope_and_cache", "norm_qkv_rope_cache"):
+        real = getattr(fused_layers, kernel)
+        monkeypatch.setattr(
+            fused_layers, kernel, lambda *a, _n=kernel, _f=real, **k: calls.append(_n) or _f(*a, **k)
+        )
+
+    def layer(layers: FusedLayers, tokens: int) -> list[torch.Tensor]:
+        pools = [torch.zeros(4, 4, hkv, d, dtype=torch.bfloat16) for _ in range(2)]
+        r = (rope[0][:tokens], rope[1][:tokens])
+        return [layers.attention_input(0, h[:tokens], r, slots[:tokens], *pools), *pools]
+
+    want_one, want_three = layer(fused, 1), layer(fused, 3)
+    assert calls == ["rope_and_cache"] * 2
+    calls.clear()
+    monkeypatch.setattr(fused_layers, "FUSED_ROPE", True)
+    paired = FusedLayers(adapter_for(model))
+    assert paired.qkv_pairs == [fits] * 2
+    moved = [not torch.equal(a, b) for a, b in zip(_qkv_rows(model), original, strict=True)]
+    assert any(moved) == fits
+    got_one, got_three = layer(paired, 1), layer(paired, 3)
+    assert calls == (["norm_qkv_rope_cache"] if fits else ["rope_and_cache"]) + ["rope_and_cache"]
+    for a, b in zip(got_one, want_one, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+    for a, b in zip(got_three, want_three, strict=True):
+        assert torch.equal(a, b)
+    assert want_one[1].abs().sum() > 0 and want_one[2].abs().sum() > 0
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want_logits)
+    monkeypatch.setattr(fused_layers, "FUSED_ROPE", False)
+    assert FusedLayers(adapter_for(model)).qkv_pairs == [False] * 2
+    assert all(torch.equal(a, b) for a, b in zip(_qkv_rows(model), original, strict=True))
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("quantization", [None, "fp8"], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_fused_rope_serves_the_same_greedy_tokens(monkeypatch, device, quantization, kv):
+    """The A/B's shape: one model, executors built in turn with FUSED_ROPE off, on, off (the rows
+    permuted and put back in place each time) serve the same greedy tokens (16-bit and FP8 weights,
+    16-bit and FP8 KV pools), the fused kernel running at every one-token step with it on (on CUDA:
+    into the captured decode graphs)."""
+    skip_unless_runs_here(device)
+    from tests.llm.serving_models import solo_output
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.executors import fused_layers
+    from trtforge.llm.quant import quantize_model
+
+    model = tiny_model("llama").to(torch.bfloat16).to(device)
+    if quantization is not None:
+        quantize_model(model, quantization)
+    fused_calls: list[int] = []
+    real = fused_layers.norm_qkv_rope_cache
+    monkeypatch.setattr(
+        fused_layers, "norm_qkv_rope_cache", lambda *a, **k: fused_calls.append(1) or real(*a, **k)
+    )
+    prompt = torch.randint(3, 300, (11,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    tokens = []
+    for on in (False, True, False):
+        monkeypatch.setattr(fused_layers, "FUSED_ROPE", on)
+        ex = TorchExecutor(model, num_blocks=16, kernels="triton", kv_cache_dtype=kv, device=device)
+        assert ex.fused_refusal is None and ex._fused.qkv_pairs == [on] * 2
+        tokens.append(solo_output(prompt, params, ex))
+        if device == "cpu":  # 5 one-token steps x 2 layers
+            assert len(fused_calls) == (5 * 2 if on else 0)
+        assert bool(fused_calls) == on
+        fused_calls.clear()
+    assert tokens[1] == tokens[0] and tokens[2] == tokens[0], tokens
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_qk_norm_and_partial_rotary_kernels_match_the_eager_modules(device):
     """Qwen3's per-head q/k RMSNorm (in place, other heads untouched) and a partial rotary (Phi-4-mini:

@@ -232,6 +232,67 @@ def _int4_chunk(q, s, o, qu, su, ou, acc, acc_up, X, stride_xm, NormW, g0, M, NG
 
 
 @triton.jit
+def _norm_rstd(x_rows, m_ok, K, eps, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The RMSNorm prologue: each row's ``rsqrt(mean(x^2) + eps)`` ``[BLOCK_M]`` from a pass over x
+    (zeros without NORM)."""
+    if NORM:
+        arange_k = tl.arange(0, BLOCK_K)
+        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + arange_k
+            xs = tl.load(x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :],
+                         other=0.0).to(tl.float32)  # fmt: skip
+            sq += tl.sum(xs * xs, 1)
+        rstd = tl.rsqrt(sq / K + eps)
+    else:
+        rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return rstd
+
+
+@triton.jit
+def _one_row_sums(w0, wu0, w_rows, n_ok, x_rows, NormW, K, rstd, eps, stride_wn, up_rows, NORM: tl.constexpr,
+                  PAIRED: tl.constexpr, REDUCE: tl.constexpr, DEFERRED: tl.constexpr, dtype: tl.constexpr,
+                  BLOCK_K: tl.constexpr):  # fmt: skip
+    """The one-row loop over K: the first chunk's weight rows `w0` (`wu0`, PAIRED: the rows `up_rows`
+    on) already loaded, ``[BLOCK_N, BLOCK_K]`` partial products kept in registers and reduced once after
+    the loop (REDUCE: each chunk summed into ``[BLOCK_N]`` as it goes). DEFERRED: the sums scaled by the
+    rstd of the squares summed on the way (exact in FP32 up to order). Returns ``[1, BLOCK_N]`` sums."""
+    arange_k = tl.arange(0, BLOCK_K)
+    k_ok = arange_k < K
+    if REDUCE:
+        sq = tl.zeros([1], dtype=tl.float32)
+    else:
+        sq = tl.zeros([1, BLOCK_K], dtype=tl.float32)
+    if DEFERRED:
+        xf, sq = _x_deferred(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
+                             k_ok[None, :], sq, REDUCE)  # fmt: skip
+    else:
+        x0 = _x_at(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
+                   k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
+        xf = x0.to(tl.float32)
+    part = w0.to(tl.float32) * xf
+    part_up = wu0.to(tl.float32) * xf
+    if REDUCE:
+        part = tl.sum(part, 1)
+        part_up = tl.sum(part_up, 1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, PAIRED)
+        part, part_up, sq = _row_chunk(part, part_up, sq, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM,
+                                       PAIRED, REDUCE, dtype, DEFERRED)  # fmt: skip
+    if REDUCE:
+        acc = part[None, :]
+        acc_up = part_up[None, :]
+    else:
+        acc = tl.sum(part, 1)[None, :]
+        acc_up = tl.sum(part_up, 1)[None, :]
+    if DEFERRED:
+        rstd = tl.rsqrt((sq if REDUCE else tl.sum(sq, 1)) / K + eps)
+        acc = acc * rstd[:, None]
+        acc_up = acc_up * rstd[:, None]
+    return acc, acc_up
+
+
+@triton.jit
 def _gemv_kernel(
     X,
     W,
@@ -299,16 +360,8 @@ def _gemv_kernel(
         gdc_wait()  # the previous kernel's writes (x, the residual) are visible from here on
         gdc_launch_dependents()  # the next kernel may start (and prefetch its own weights)
     DEFERRED: tl.constexpr = DEFER and NORM and WFMT < 2 and BLOCK_M == 1 and not DOT
-    if NORM and not DEFERRED:
-        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + arange_k
-            xs = tl.load(x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :],
-                         other=0.0).to(tl.float32)  # fmt: skip
-            sq += tl.sum(xs * xs, 1)
-        rstd = tl.rsqrt(sq / K + eps)
-    else:
-        rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    PROLOGUE: tl.constexpr = NORM and not DEFERRED
+    rstd = _norm_rstd(x_rows, m_ok, K, eps, PROLOGUE, BLOCK_M, BLOCK_K)
     if WFMT == 2:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc, acc_up = _int4_chunk(q0, s0, o0, qu0, su0, ou0, acc, acc, X, stride_xm, NormW, 0, M, NG, rstd,
@@ -323,39 +376,8 @@ def _gemv_kernel(
             acc, acc_up = _int4_chunk(q, s, o, qu, su, ou, acc, acc_up, X, stride_xm, NormW, g0, M, NG, rstd,
                                       GATED, NORM, dtype, BLOCK_M, BLOCK_N, G, GROUP, ASM)  # fmt: skip
     elif BLOCK_M == 1 and not DOT:
-        # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
-        # (REDUCE: sum each chunk into [BLOCK_N] as it goes)
-        k_ok = arange_k < K
-        if REDUCE:
-            sq = tl.zeros([1], dtype=tl.float32)
-        else:
-            sq = tl.zeros([1, BLOCK_K], dtype=tl.float32)
-        if DEFERRED:
-            xf, sq = _x_deferred(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
-                                 k_ok[None, :], sq, REDUCE)  # fmt: skip
-        else:
-            x0 = _x_at(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
-                       k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
-            xf = x0.to(tl.float32)
-        part = w0.to(tl.float32) * xf
-        part_up = wu0.to(tl.float32) * xf
-        if REDUCE:
-            part = tl.sum(part, 1)
-            part_up = tl.sum(part_up, 1)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
-            part, part_up, sq = _row_chunk(part, part_up, sq, w, wu, x_rows, k0, arange_k, NormW, K, rstd,
-                                           NORM, GATED, REDUCE, dtype, DEFERRED)  # fmt: skip
-        if REDUCE:
-            acc = part[None, :]
-            acc_up = part_up[None, :]
-        else:
-            acc = tl.sum(part, 1)[None, :]
-            acc_up = tl.sum(part_up, 1)[None, :]
-        if DEFERRED:  # rstd of the squares summed on the way, applied to the sums (exact in FP32 up to order)
-            rstd = tl.rsqrt((sq if REDUCE else tl.sum(sq, 1)) / K + eps)
-            acc = acc * rstd[:, None]
-            acc_up = acc_up * rstd[:, None]
+        acc, acc_up = _one_row_sums(w0, wu0, w_rows, n_ok, x_rows, NormW, K, rstd, eps, stride_wn, up_rows,
+                                    NORM, GATED, REDUCE, DEFERRED, dtype, BLOCK_K)  # fmt: skip
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

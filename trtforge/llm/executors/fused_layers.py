@@ -35,7 +35,11 @@ import torch
 
 from trtforge.kernels import has_wgmma
 from trtforge.kernels.fused_layer import (
+    norm_qkv_rope_cache,
+    pair_rows,
     qk_norm_,
+    qkv_rope_fusable,
+    qkv_rope_takes,
     rms_norm,
     rms_norm_fp8,
     rope_and_cache,
@@ -67,6 +71,19 @@ MID_GEMM_MAX_TOKENS = 0
 # SiLU*up + quantize; the rows are never written in 16 bits and read back for a separate quantize.
 # Same codes as the unfused kernels. False: the separate kernels.
 FUSED_FP8_QUANT = True
+
+# One token's norm + QKV GEMV carries RoPE and the K/V write in its epilogue
+# (kernels.fused_layer.norm_qkv_rope_cache) where it takes the layer: 16-bit or FP8 weights, no Qwen3
+# q/k head norms, a rotary over whole heads; one launch a layer fewer. Read when FusedLayers is built:
+# on, those layers' q and k weight rows (FP8 scales, biases) are put in pair order in place
+# (_order_qkv_rows: a transient copy of one layer's q/k rows at a time, no second copy kept); off, back
+# in their own order, bit for bit. Steps of more tokens (prefill, batched decode) run the same GEMMs over
+# the permuted rows and rope_and_cache reads their output in pair order (pairs=True): no extra kernel or
+# copy. The model's own q/k modules put their outputs back in order with one index_select each (a
+# forward hook; the fused path never calls them). Off until the GPU timing says otherwise (issue #28;
+# over rows in their own order the kernel was slower on an H100: BENCHMARKS session 60). A/B, one
+# executor a round: bench_quant_speed.py --ab base trtforge.llm.executors.fused_layers.FUSED_ROPE=True
+FUSED_ROPE = False
 
 
 def _is_llama_rms_norm(norm: Any) -> bool:
@@ -201,6 +218,58 @@ def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
     return weight, bias
 
 
+def _permute_rows_(weight: Any, bias: torch.Tensor | None, rows: int, index: torch.Tensor) -> None:
+    """In place: row r < `rows` of `weight` (FP8: its codes and per-row scales) and of `bias` takes row
+    ``index[r]``; the rows past `rows` stay. One temporary copy of those rows at a time. E4M3 codes move
+    as bytes (an index kernel for every dtype, and a bit-exact move)."""
+    fp8 = isinstance(weight, Fp8Weight)
+    tensors = [weight.data.view(torch.uint8), weight.scale] if fp8 else [weight]
+    with torch.no_grad():
+        for t in [*tensors, *([] if bias is None else [bias])]:
+            t[:rows].copy_(t[:rows].index_select(0, index))
+
+
+def _natural_output(index: torch.Tensor) -> Any:
+    """A forward hook putting a projection's output columns, computed by pair-ordered rows, back in the
+    module's own order (`index`: its columns' positions in the pair order)."""
+
+    def hook(_module: Any, _args: Any, output: torch.Tensor) -> torch.Tensor:
+        return output.index_select(-1, index.to(output.device))
+
+    return hook
+
+
+def _order_qkv_rows(
+    modules: list[Any], weight: Any, bias: torch.Tensor | None, pairs: bool, heads: tuple[int, int, int]
+) -> None:
+    """Put one layer's concatenated QKV rows (`weight`, `bias`) in pair order
+    (:func:`~trtforge.kernels.fused_layer.pair_rows`, `pairs`) or back in their own order, in place (no
+    second copy of the weights). `modules` (q_proj and k_proj, or Phi-3's qkv_proj) hold views of those
+    rows: while they are pair-ordered each carries a forward hook that puts its output columns back in
+    order (one index_select a call; the fused path never calls them), so the model itself computes what
+    it did, and the hook marks the state, which a later FusedLayers over the same modules reads (their
+    16-bit weights are concatenated again from these views; quantized ones reuse the concatenation). So
+    an earlier FusedLayers over quantized modules must not run after one built under the other setting
+    (its rows moved under it); the A/B builds one executor a round and drops it after."""
+    if (getattr(modules[0], "_trtforge_pair_hook", None) is not None) == pairs:
+        return
+    num_heads, num_kv_heads, head_dim = heads
+    device = weight.data.device if isinstance(weight, Fp8Weight) else weight.device
+    perm = pair_rows(num_heads, num_kv_heads, head_dim, device)
+    inverse = torch.argsort(perm)
+    rows = (num_heads + num_kv_heads) * head_dim  # q and k; v stays
+    _permute_rows_(weight, bias, rows, perm[:rows] if pairs else inverse[:rows])
+    lo = 0
+    for m in modules:
+        if pairs:
+            hi = lo + int(_weight(m).shape[0])
+            m._trtforge_pair_hook = m.register_forward_hook(_natural_output(inverse[lo:hi] - lo))
+            lo = hi
+        else:
+            m._trtforge_pair_hook.remove()
+            del m._trtforge_pair_hook
+
+
 class FusedLayers:
     """The per-layer weights of the fused path for a :func:`fusable` model; :meth:`attention_input`,
     :meth:`finish` and :meth:`logits` stand in for the adapter's layer math around the attention."""
@@ -239,8 +308,25 @@ class FusedLayers:
             prepare_gemv_weight(self.o_w[i])
             prepare_gemv_weight(self.down_w[i])
         prepare_gemv_weight(self.head_w, norm=True)
+        # layers whose q/k rows are in pair order for norm_qkv_rope_cache (FUSED_ROPE, where it takes them)
+        self.qkv_pairs = [FUSED_ROPE and self._rope_fits(i) for i in range(len(self.layers))]
+        for i, pairs in enumerate(self.qkv_pairs):
+            attn = self.layers[i].self_attn
+            fused = getattr(attn, "qkv_proj", None)
+            modules = [fused] if fused is not None else [attn.q_proj, attn.k_proj]
+            heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+            _order_qkv_rows(modules, *self.qkv_w[i], pairs, heads)
         if isinstance(head, QuantLinear):  # (FP8: weight-only at one token, W8A8 above)
             self.head_gemv_max_tokens = min(self.gemv_max_tokens, weight_only_max_tokens(self.head_w))
+
+    def _rope_fits(self, i: int) -> bool:
+        """Whether norm_qkv_rope_cache takes layer i at one token: weights it takes (qkv_rope_takes)
+        for the model's rotary, and no Qwen3 q/k head norms (they come between the GEMV and RoPE)."""
+        w, b = self.qkv_w[i]
+        rotary = int(self.adapter.rope.describe()["dim"])
+        return getattr(self.layers[i].self_attn, "q_norm", None) is None and qkv_rope_takes(
+            w, b, self.num_heads, self.num_kv_heads, self.head_dim, rotary
+        )
 
     def _gemv(self, h: torch.Tensor) -> bool:
         return 0 < int(h.shape[0]) <= self.gemv_max_tokens
@@ -267,6 +353,16 @@ class FusedLayers:
         layer = self.layers[i]
         norm = layer.input_layernorm
         w, b = self.qkv_w[i]
+        pairs = self.qkv_pairs[i]
+        if (
+            pairs
+            and self._gemv(h)
+            and qkv_rope_fusable(h, w, b, rope[0], k_pool, self.num_heads, self.num_kv_heads)
+        ):
+            return norm_qkv_rope_cache(
+                h, norm.weight, norm.variance_epsilon, w, b, *rope, slots, k_pool, v_pool,
+                self.num_heads, self.num_kv_heads, k_scale, v_scale, out=out,
+            )  # fmt: skip
         if self._gemv(h):
             qkv = norm_gemv(h, norm.weight, norm.variance_epsilon, w, b)
         elif self._fused_fp8_input(h, w):
@@ -277,7 +373,17 @@ class FusedLayers:
         if getattr(attn, "q_norm", None) is not None:
             qk_norm_(qkv, attn.q_norm, attn.k_norm, self.num_heads, self.num_kv_heads)
         return rope_and_cache(
-            qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads, k_scale, v_scale, out=out
+            qkv,
+            *rope,
+            slots,
+            k_pool,
+            v_pool,
+            self.num_heads,
+            self.num_kv_heads,
+            k_scale,
+            v_scale,
+            out=out,
+            pairs=pairs,
         )
 
     def finish(
