@@ -8,11 +8,27 @@ import pytest
 
 import trtforge.llm
 import trtforge.llm.api
-from tests.llm.tiny_models import FAMILIES, HOSTILE_SHAPES, LIGHT_FAMILIES, hf_greedy, prompts, tiny_model
+from tests.llm.tiny_models import (
+    FAMILIES,
+    HOSTILE_SHAPES,
+    LIGHT_FAMILIES,
+    hf_greedy,
+    one_torch_thread,
+    prompts,
+    tiny_model,
+)
 from trtforge.llm.compile.export import export_step
 
 NEW_TOKENS = 32
 EXPORTERS = ["legacy", pytest.param("dynamo", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The HF references, the exports and the torch executor on one torch thread: a second one only spins
+    (tiny_models.one_torch_thread)."""
+    with one_torch_thread():
+        yield
 
 
 def _step_file(model, tmp_path, exporter: str, **kw):
