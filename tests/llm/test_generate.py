@@ -8,11 +8,27 @@ import pytest
 
 import trtforge.llm
 import trtforge.llm.api
-from tests.llm.tiny_models import FAMILIES, HOSTILE_SHAPES, LIGHT_FAMILIES, hf_greedy, prompts, tiny_model
+from tests.llm.tiny_models import (
+    FAMILIES,
+    HOSTILE_SHAPES,
+    LIGHT_FAMILIES,
+    hf_greedy,
+    one_torch_thread,
+    prompts,
+    tiny_model,
+)
 from trtforge.llm.compile.export import export_step
 
 NEW_TOKENS = 32
 EXPORTERS = ["legacy", pytest.param("dynamo", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The HF references, the exports and the torch executor on one torch thread: a second one only spins
+    (tiny_models.one_torch_thread)."""
+    with one_torch_thread():
+        yield
 
 
 def _step_file(model, tmp_path, exporter: str, **kw):
@@ -145,10 +161,11 @@ def test_generate_stops_row_at_eos(tmp_path):
     llm = trtforge.llm.api.load(path)
     batch = prompts(300, lens=(4, 7))
     free = llm.generate(batch, max_new_tokens=10, stop_at_eos=False)
-    llm.generation["eos_token_ids"] = [free[0][2]]
+    stop = free[0][2]
+    llm.generation["eos_token_ids"] = [stop]
     stopped = llm.generate(batch, max_new_tokens=10)
-    assert stopped[0] == free[0][: free[0].index(free[0][2]) + 1]
-    assert stopped[1] == free[1][: free[1].index(free[0][2]) + 1] if free[0][2] in free[1] else free[1]
+    assert stopped[0] == free[0][: free[0].index(stop) + 1]
+    assert stopped[1] == (free[1][: free[1].index(stop) + 1] if stop in free[1] else free[1])
 
 
 @pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "phi3"])
