@@ -1,4 +1,4 @@
-"""compile --generate: FP16 step graph accuracy vs FP32 (ORT), the two-profile engine build, the manifest."""
+"""compile --generate: FP16 step graph accuracy vs the FP32 model, the two-profile engine, the manifest."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import trtforge
 import trtforge.llm
 import trtforge.llm.api
 from tests.llm.compile.conftest import GRAPH_OPTIONS, compile_graph
-from tests.llm.tiny_models import FAMILIES, prompts, tiny_model
+from tests.llm.tiny_models import FAMILIES, hf_greedy, prompts, tiny_model
 from trtforge.cli.main import main as cli_main
 from trtforge.core.manifest import read_manifest
 
@@ -21,13 +21,15 @@ NEW = 24
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fp16_step_graph_tracks_fp32(family, step_graph):
+    """The FP16 step graph against the FP32 model itself: HF greedy, one unpadded prompt at a time (the FP32
+    step graph gives its tokens and, within 1e-4, its logits: tests/llm/test_generate.py), teacher-forced."""
     model = tiny_model(family)
-    fp32 = trtforge.llm.api.load(step_graph(family, "fp32"))
     fp16 = trtforge.llm.api.load(step_graph(family, "fp16"))
-    assert fp16.executor.cache_dtype == np.float16 and fp32.executor.cache_dtype == np.float32
+    assert fp16.executor.cache_dtype == np.float16
     assert fp16.generation["cache"]["dtype"] == "float16"
     batch = prompts(model.config.vocab_size)
-    tokens, ref_logits = fp32.generate(batch, NEW, stop_at_eos=False, return_logits=True)
+    refs = [hf_greedy(model, prompt, NEW) for prompt in batch]
+    tokens, ref_logits = [t for t, _ in refs], [logits.numpy() for _, logits in refs]
     low_logits = fp16.score(batch, tokens)  # teacher-forced on the FP32 tokens: same contexts
     agree, clear, cosines = [], [], []
     for ref, low in zip(ref_logits, low_logits):
@@ -209,6 +211,7 @@ def test_paged_step_graph_generates_the_slot_graphs_tokens(tmp_path, step_graph)
     """cache_layout="paged" through trtforge.compile: block pools, same greedy tokens as the slot graph."""
     model = tiny_model("llama")
     slot = trtforge.llm.api.load(step_graph("llama", "fp32"))
+    assert slot.executor.cache_dtype == np.float32
     trtforge.compile(
         model,
         generate=True,
