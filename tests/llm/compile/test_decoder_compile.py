@@ -1,4 +1,4 @@
-"""compile --generate: FP16 step graph accuracy vs FP32 (ORT), the two-profile engine build, the manifest."""
+"""compile --generate: FP16 step graph accuracy vs the FP32 model, the two-profile engine, the manifest."""
 
 from __future__ import annotations
 
@@ -11,39 +11,25 @@ import pytest
 import trtforge
 import trtforge.llm
 import trtforge.llm.api
-from tests.llm.tiny_models import FAMILIES, prompts, tiny_model
+from tests.llm.compile.conftest import GRAPH_OPTIONS, compile_graph
+from tests.llm.tiny_models import FAMILIES, hf_greedy, prompts, tiny_model
 from trtforge.cli.main import main as cli_main
 from trtforge.core.manifest import read_manifest
 
 NEW = 24
 
 
-def _graph(model, path, precision):
-    trtforge.compile(
-        model,
-        None,
-        generate=True,
-        build=False,
-        save_onnx=path,
-        precision=precision,
-        max_seq=64,
-        max_batch=4,
-        max_prefill=32,
-        exporter="legacy",
-        progress=False,
-    )
-    return trtforge.llm.api.load(path)  # the raw loop: per-step logits and teacher-forced scores
-
-
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fp16_step_graph_tracks_fp32(family, tmp_path):
+def test_fp16_step_graph_tracks_fp32(family, step_graph):
+    """The FP16 step graph against the FP32 model itself: HF greedy, one unpadded prompt at a time (the FP32
+    step graph gives its tokens and, within 1e-4, its logits: tests/llm/test_generate.py), teacher-forced."""
     model = tiny_model(family)
-    fp32 = _graph(model, tmp_path / "fp32.onnx", "fp32")
-    fp16 = _graph(model, tmp_path / "fp16.onnx", "fp16")
-    assert fp16.executor.cache_dtype == np.float16 and fp32.executor.cache_dtype == np.float32
+    fp16 = trtforge.llm.api.load(step_graph(family, "fp16"))
+    assert fp16.executor.cache_dtype == np.float16
     assert fp16.generation["cache"]["dtype"] == "float16"
     batch = prompts(model.config.vocab_size)
-    tokens, ref_logits = fp32.generate(batch, NEW, stop_at_eos=False, return_logits=True)
+    refs = [hf_greedy(model, prompt, NEW) for prompt in batch]
+    tokens, ref_logits = [t for t, _ in refs], [logits.numpy() for _, logits in refs]
     low_logits = fp16.score(batch, tokens)  # teacher-forced on the FP32 tokens: same contexts
     agree, clear, cosines = [], [], []
     for ref, low in zip(ref_logits, low_logits):
@@ -61,16 +47,21 @@ def test_fp16_step_graph_tracks_fp32(family, tmp_path):
 
 
 def test_save_pretrained_directory_source(tmp_path):
+    """A save_pretrained directory compiles to the graph of the model saved there: its greedy tokens are
+    the model's own (HF; the graph compiled from the module gives them too: tests/llm/test_generate.py)."""
     model = tiny_model("qwen2")
     model.save_pretrained(tmp_path / "qwen")
-    llm = _graph(str(tmp_path / "qwen"), tmp_path / "q.onnx", "fp32")
+    llm = trtforge.llm.api.load(compile_graph(str(tmp_path / "qwen"), tmp_path / "q.onnx", "fp32"))
     assert llm.generation["model_type"] == "qwen2"
-    want = _graph(model, tmp_path / "direct.onnx", "fp32").generate([[5, 6, 7]], 8, stop_at_eos=False)
-    assert llm.generate([[5, 6, 7]], 8, stop_at_eos=False) == want
+    want = hf_greedy(model, [5, 6, 7], 8)[0]
+    assert len(set(want)) > 3, f"degenerate reference output {want}"
+    assert llm.generate([[5, 6, 7]], 8, stop_at_eos=False) == [want]
 
 
 @pytest.mark.parametrize("build", [False, pytest.param(True, marks=pytest.mark.trt_build)])
-def test_a_step_graph_past_the_protobuf_limit_is_written_with_its_external_data(build, tmp_path, monkeypatch):
+def test_a_step_graph_past_the_protobuf_limit_is_written_with_its_external_data(
+    build, tmp_path, monkeypatch, step_graph
+):
     """A step graph of 2 GB or more cannot be one protobuf: compile --generate saved it with onnx.save, which
     raised ValueError ("exceeds maximum protobuf size of 2GB") with or without an engine build. Now it is
     saved as every ONNX file trtforge writes (core.onnx_io.save_onnx: weights in FILE.data beside it past
@@ -80,14 +71,14 @@ def test_a_step_graph_past_the_protobuf_limit_is_written_with_its_external_data(
 
     model = tiny_model("llama")
     batch = prompts(model.config.vocab_size)
-    want = _graph(model, tmp_path / "whole.onnx", "fp16").generate(batch, NEW, stop_at_eos=False)
-    assert not (tmp_path / "whole.onnx.data").exists()
+    whole = step_graph("llama", "fp16")
+    want = trtforge.llm.api.load(whole).generate(batch, NEW, stop_at_eos=False)
+    assert not whole.with_name(whole.name + ".data").exists()
     monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 1000)
     out = tmp_path / "big" / "step.onnx"
     out.parent.mkdir()
     engine = tmp_path / "big" / "step.engine" if build else None
-    options = {"max_seq": 64, "max_batch": 4, "max_prefill": 32, "exporter": "legacy", "progress": False}
-    trtforge.compile(model, output=engine, generate=True, build=build, save_onnx=out, **options)
+    trtforge.compile(model, output=engine, generate=True, build=build, save_onnx=out, **GRAPH_OPTIONS)
     data = out.with_name("step.onnx.data")
     names = {"step.onnx", "step.onnx.data"} | ({"step.engine", "step.engine.json"} if build else set())
     assert {p.name for p in out.parent.iterdir()} == names
@@ -180,13 +171,13 @@ def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_pat
     assert json.loads(engine.with_name("llm.engine.json").read_text())["generation"]["max_seq"] == 64
 
 
-def test_int8_smoothquant_step_graph(tmp_path):
+def test_int8_smoothquant_step_graph(tmp_path, step_graph):
     """W8A8 on every projection, calibrated on prompts; cache write and attention stay in float."""
     import onnx
 
     model = tiny_model("llama")
     calib = prompts(300, lens=(5, 9, 17, 3, 12, 20, 7, 30), seed=5)
-    fp32 = _graph(model, tmp_path / "fp32.onnx", "fp32")
+    fp32 = trtforge.llm.api.load(step_graph("llama", "fp32"))
     trtforge.compile(
         model,
         None,
@@ -195,11 +186,7 @@ def test_int8_smoothquant_step_graph(tmp_path):
         save_onnx=tmp_path / "int8.onnx",
         precision="int8",
         calib_prompts=calib,
-        max_seq=64,
-        max_batch=4,
-        max_prefill=32,
-        exporter="legacy",
-        progress=False,
+        **GRAPH_OPTIONS,
     )
     graph = onnx.load(str(tmp_path / "int8.onnx"))
     consumers = {i for n in graph.graph.node if n.op_type == "DequantizeLinear" for i in n.output}
@@ -223,10 +210,11 @@ def test_int8_smoothquant_step_graph(tmp_path):
     assert cos.mean() >= 0.95, f"mean logits cosine {cos.mean():.4f}"
 
 
-def test_paged_step_graph_generates_the_slot_graphs_tokens(tmp_path):
+def test_paged_step_graph_generates_the_slot_graphs_tokens(tmp_path, step_graph):
     """cache_layout="paged" through trtforge.compile: block pools, same greedy tokens as the slot graph."""
     model = tiny_model("llama")
-    slot = _graph(model, tmp_path / "slot.onnx", "fp32")
+    slot = trtforge.llm.api.load(step_graph("llama", "fp32"))
+    assert slot.executor.cache_dtype == np.float32
     trtforge.compile(
         model,
         generate=True,
@@ -235,11 +223,7 @@ def test_paged_step_graph_generates_the_slot_graphs_tokens(tmp_path):
         precision="fp32",
         cache_layout="paged",
         block_size=4,  # prompts + NEW tokens span several blocks
-        max_seq=64,
-        max_batch=4,
-        max_prefill=32,
-        exporter="legacy",
-        progress=False,
+        **GRAPH_OPTIONS,
     )
     import onnx
 
@@ -289,7 +273,7 @@ def test_paged_refuses_int8_and_a_pool_size_without_a_build(tmp_path):
 
 @pytest.mark.trt_build
 @pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
-def test_cli_builds_the_paged_step_engine(family, tmp_path, monkeypatch):
+def test_cli_builds_the_paged_step_engine(family, tmp_path, monkeypatch, step_graph):
     """--cache-layout paged: per layer one IAttention and two ScatterND (K, V) into the block pools."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[3]))
@@ -314,7 +298,7 @@ def test_cli_builds_the_paged_step_engine(family, tmp_path, monkeypatch):
     pool = [blocks, 8, g["num_kv_heads"], g["head_dim"]]
     assert prefill["key_pool.0"].max == pool and decode["value_pool.1"].max == pool
     assert prefill["block_tables"].max == [4, 8] and decode["slot_mapping"].max == [4, 1]
-    slot = _graph(tiny_model(family), tmp_path / "slot.onnx", "fp16")
+    slot = trtforge.llm.api.load(step_graph(family, "fp16"))
     want = slot.generate([[1, 2, 3]], max_new_tokens=4)
     assert trtforge.llm.load(step).generate([[1, 2, 3]], max_new_tokens=4) == want
 
