@@ -34,6 +34,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers:  # an xdist worker: its share of the cores, not torch's default of all of them each
+        import torch
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // workers))
     seconds = config.getoption("--live-report", 0.0)
     if seconds and not hasattr(config, "workerinput"):  # the controller prints (xdist workers have no tty)
         _live.update(seconds=seconds, config=config)

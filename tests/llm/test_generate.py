@@ -13,7 +13,6 @@ from tests.llm.tiny_models import (
     HOSTILE_SHAPES,
     LIGHT_FAMILIES,
     hf_greedy,
-    one_torch_thread,
     prompts,
     tiny_model,
 )
@@ -21,14 +20,6 @@ from trtforge.llm.compile.export import export_step
 
 NEW_TOKENS = 32
 EXPORTERS = ["legacy", pytest.param("dynamo", marks=pytest.mark.slow)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The HF references, the exports and the torch executor on one torch thread: a second one only spins
-    (tiny_models.one_torch_thread)."""
-    with one_torch_thread():
-        yield
 
 
 def _step_file(model, tmp_path, exporter: str, **kw):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -828,19 +826,6 @@ def _granite_swa(layers: int) -> dict:
     types (every 4th layer full), RoPE bases 10000, 0 (NoPE) and 100 by turns."""
     swa = {"sliding_window": 4, "layer_rope_theta": [(10000.0, 0, 100.0)[i % 3] for i in range(layers)]}
     return swa | {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-
-
-@contextlib.contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """torch on one intra-op thread inside, the caller's count restored after: the tiny models' matmuls only
-    lose from threads, and on the shared 2-core machine a second one spins (HF generate of a tiny model
-    took 8x the CPU seconds on 2 threads)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def prompts(vocab: int, lens=PROMPT_LENS, seed: int = 1) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Shared setup of the step-graph compile tests: torch on one thread, and one compile per tiny step graph.
+"""Shared setup of the step-graph compile tests: one compile per tiny step graph.
 
 The FP32 and FP16 slot-layout step graphs of a tiny model (tests/llm/tiny_models.py) are read, never
 changed, by several tests (the FP16 accuracy check, the external-data, INT8, paged and paged-engine
@@ -8,30 +8,16 @@ asks for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 import trtforge
 from tests.llm.tiny_models import tiny_model
 
 # the step-graph options the compile tests' references use (prompts of up to 17 tokens plus 24 new ones)
 GRAPH_OPTIONS = {"max_seq": 64, "max_batch": 4, "max_prefill": 32, "exporter": "legacy", "progress": False}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    """The exports' traces and checks on one torch thread, the count restored after: a tiny model's matmuls
-    gain nothing from threads, and on the shared 2-core machine a second one spins (a compile took about
-    1.5x the CPU seconds on 2 threads)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def compile_graph(model: object, path: Path, precision: str) -> Path:
