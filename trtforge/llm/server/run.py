@@ -394,6 +394,24 @@ def run(
 MAX_HEAD_BYTES = 64 * 2**10
 
 
+class _HeadTimer:
+    """The --head-timeout timer of :func:`_http_protocol`'s and :func:`_h11_protocol`'s protocols: started
+    where a request head may begin, stopped once it is whole; `_head_late` (the protocol's) runs at the
+    timeout. `head_seconds` is the protocol class's --head-timeout; `loop` uvicorn's protocol's."""
+
+    head_seconds: float
+    head_timer: asyncio.TimerHandle | None = None  # closes the connection at --head-timeout
+
+    def _time_head(self) -> None:
+        if self.head_timer is None:
+            self.head_timer = self.loop.call_later(self.head_seconds, self._head_late)  # type: ignore[attr-defined]
+
+    def _untime_head(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+
 def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT, parser: str | None = None) -> Any:
     """uvicorn's httptools protocol, refusing a request whose line and headers pass :data:`MAX_HEAD_BYTES`
     with a 431 in OpenAI's schema, and closing its connection. httptools (uvicorn's choice where installed)
@@ -414,7 +432,7 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT, parser: str | Non
 
     from trtforge.llm.server.protocol import error_body
 
-    class BoundedHead(HttpToolsProtocol):
+    class BoundedHead(_HeadTimer, HttpToolsProtocol):
         """Counts the reads a request's head goes on through: each is all head. The read a head begins in
         may end a previous request's body (pipelining) and is not counted, so the bound is
         MAX_HEAD_BYTES plus at most one read (256 KiB)."""
@@ -422,7 +440,7 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT, parser: str | Non
         parser = "httptools"
         head: int | None = None  # bytes of the current request's head counted so far; None: not in one
         begun = 0  # requests begun on this connection
-        head_timer: asyncio.TimerHandle | None = None  # closes the connection at --head-timeout
+        head_seconds = head_timeout
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -442,15 +460,6 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT, parser: str | Non
             self.head = None
             self._untime_head()
             super().on_headers_complete()
-
-        def _time_head(self) -> None:
-            if self.head_timer is None:
-                self.head_timer = self.loop.call_later(head_timeout, self._head_late)
-
-        def _untime_head(self) -> None:
-            if self.head_timer is not None:
-                self.head_timer.cancel()
-                self.head_timer = None
 
         def _head_late(self) -> None:
             """--head-timeout passed with the head incomplete: a 408 if any of it came, then the close."""
@@ -499,12 +508,12 @@ def _h11_protocol(head_timeout: float) -> Any:
 
     from trtforge.llm.server.protocol import error_body
 
-    class TimedHead(H11Protocol):
+    class TimedHead(_HeadTimer, H11Protocol):
         """Times each request's head: from the connection's start, and from each response's end where the
         connection stays open, until h11 has the whole head (its peer's state leaves IDLE)."""
 
         parser = "h11"
-        head_timer: asyncio.TimerHandle | None = None  # closes the connection at --head-timeout
+        head_seconds = head_timeout
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -523,15 +532,6 @@ def _h11_protocol(head_timeout: float) -> Any:
             super().on_response_complete()  # (handles a pipelined request already received)
             if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
                 self._time_head()
-
-        def _time_head(self) -> None:
-            if self.head_timer is None:
-                self.head_timer = self.loop.call_later(head_timeout, self._head_late)
-
-        def _untime_head(self) -> None:
-            if self.head_timer is not None:
-                self.head_timer.cancel()
-                self.head_timer = None
 
         def _head_late(self) -> None:
             """--head-timeout passed with the head incomplete: a 408 if any of it came (h11 holds it
