@@ -34,7 +34,6 @@ SCHEMA = {
 def model_and_tokenizer():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(MODEL)
 
