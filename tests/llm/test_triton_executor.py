@@ -320,9 +320,25 @@ def test_one_token_layers_rope_inside_the_qkv_gemv(monkeypatch, quantization, fa
     assert all(not m._forward_hooks for m in model.modules())
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("quantization", [None, "fp8"], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("kv", ["auto", "fp8"])
+# every pairing of 16-bit/FP8 weights and KV pools on CUDA; in the interpreter (about 50 s a case, the
+# suite's slowest) the two that between them take every weight and pool kind: the kernel's pairings are
+# each checked in the interpreter by tests/kernels/test_qkv_rope_cache.py
+FUSED_ROPE_CASES = [
+    pytest.param(
+        device.values[0],
+        quantization,
+        kv,
+        id=f"{kv}-{quantization or 'bf16'}-{device.id}",
+        marks=device.marks,
+    )
+    for device in DEVICES
+    for quantization in (None, "fp8")
+    for kv in ("auto", "fp8")
+    if device.id == "cuda" or (quantization is None) == (kv == "auto")
+]
+
+
+@pytest.mark.parametrize(("device", "quantization", "kv"), FUSED_ROPE_CASES)
 def test_fused_rope_serves_the_same_greedy_tokens(monkeypatch, device, quantization, kv):
     """The A/B's shape: one model, executors built in turn with FUSED_ROPE off, on, off (the rows
     permuted and put back in place each time) serve the same greedy tokens (16-bit and FP8 weights,
