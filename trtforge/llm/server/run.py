@@ -396,11 +396,20 @@ MAX_HEAD_BYTES = 64 * 2**10
 
 class _HeadTimer:
     """The --head-timeout timer of :func:`_http_protocol`'s and :func:`_h11_protocol`'s protocols: started
-    where a request head may begin, stopped once it is whole; `_head_late` (the protocol's) runs at the
-    timeout. `head_seconds` is the protocol class's --head-timeout; `loop` uvicorn's protocol's."""
+    at the connection's start and where a request head may begin, stopped once it is whole or the
+    connection is lost; `_head_late` (the protocol's) runs at the timeout. `head_seconds` is the protocol
+    class's --head-timeout; `loop` uvicorn's protocol's."""
 
     head_seconds: float
     head_timer: asyncio.TimerHandle | None = None  # closes the connection at --head-timeout
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._time_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._untime_head()
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _time_head(self) -> None:
         if self.head_timer is None:
@@ -441,14 +450,6 @@ def _http_protocol(head_timeout: float = DEFAULT_HEAD_TIMEOUT, parser: str | Non
         head: int | None = None  # bytes of the current request's head counted so far; None: not in one
         begun = 0  # requests begun on this connection
         head_seconds = head_timeout
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._time_head()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._untime_head()
-            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             self.head = 0
@@ -514,14 +515,6 @@ def _h11_protocol(head_timeout: float) -> Any:
 
         parser = "h11"
         head_seconds = head_timeout
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._time_head()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._untime_head()
-            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
